@@ -1,0 +1,407 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one
+# or more contributor license agreements.  See the NOTICE file
+# distributed with this work for additional information
+# regarding copyright ownership.  The ASF licenses this file
+# to you under the Apache License, Version 2.0 (the
+# "License"); you may not use this file except in compliance
+# with the License.  You may obtain a copy of the License at
+#
+#   http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing,
+# software distributed under the License is distributed on an
+# "AS IS" BASIS, WITHOUT WARRANTIES OR CONDITIONS OF ANY
+# KIND, either express or implied.  See the License for the
+# specific language governing permissions and limitations
+# under the License.
+"""
+Drive a real LocalExecutor without a database, in a child process a watchdog can kill.
+
+A scenario is a plain function in a test module. ``run_scenario`` runs it in a new
+process group (``python harness.py``), so the executor, its workers and anything they
+block on can be killed as a whole; pytest-timeout alone would leave blocked workers
+behind. The watchdog fails the scenario on its deadline, or much sooner when it sees a
+deadlock: every thread of every process in the group asleep in a pipe read/write, a
+futex or a child wait, for ``stuck_after`` seconds, while the output does not grow.
+Nothing in such a group can ever move again, so there is no point waiting any longer.
+
+Workloads are real ``ExecuteTask`` models. The task runner is replaced by ``fake_run``,
+which acts out the behaviour a workload carries in ``ti.executor_config["fake"]``
+(sleep, fail with an exception of a given size, wait for a file, ...). The replacement is
+installed in the scenario process before the executor forks its workers, and, for the
+spawn start method, when a spawned worker imports this file as its ``__mp_main__``.
+
+The API differences between the pinned release lines are handled here, in one place:
+3.3 runs workloads through ``BaseExecutor.run_workload``; 3.1 and 3.2 call the
+module-level ``_execute_work(log, workload[, team_conf])``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+# Kernel wait channels of a thread that only another process can wake: a pipe read or
+# write, a futex (locks, semaphores, joins), a wait for a child. If every thread of every
+# process in the group sits in one of these, nothing will ever run again. Sleeps and
+# poll/select are absent on purpose: they time out by themselves. Names vary by kernel
+# version (pipe_write, anon_pipe_write, futex_wait_queue_me, futex_do_wait, ...).
+BLOCKED_WCHAN_PREFIXES = ("pipe_", "anon_pipe_", "futex_", "do_wait", "wait_woken")
+
+
+class ScenarioError(AssertionError):
+    """The scenario failed, hung, or overran its deadline; the message says which and shows why."""
+
+
+def environment() -> dict[str, str]:
+    """The variables a scenario process needs: no database, a private AIRFLOW_HOME."""
+    env = dict(os.environ)
+    env.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="lepatch-airflow-home-"))
+    env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", "lepatch-test-secret-not-for-production")
+    env.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    return env
+
+
+# --------------------------------------------------------------------------------------
+# Parent side: run a scenario in its own process group under a watchdog.
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Thread:
+    pid: int
+    tid: int
+    name: str
+    state: str
+    wchan: str
+
+
+def _group_threads(pgid: int) -> list[_Thread]:
+    threads = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            # comm may contain spaces and parentheses; the fields after the last ")" do not.
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) != pgid:
+                continue
+            name = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            for tid in os.listdir(f"/proc/{entry}/task"):
+                tstat = Path(f"/proc/{entry}/task/{tid}/stat").read_text()
+                tstate = tstat[tstat.rindex(")") + 2]
+                wchan = Path(f"/proc/{entry}/task/{tid}/wchan").read_text().strip()
+                threads.append(_Thread(int(entry), int(tid), name.strip()[:80], tstate, wchan))
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue  # the process went away while we looked at it
+    return threads
+
+
+def _deadlocked(threads: list[_Thread]) -> bool:
+    live = [t for t in threads if t.state not in ("Z", "X")]
+    return bool(live) and all(t.state == "S" and t.wchan.startswith(BLOCKED_WCHAN_PREFIXES) for t in live)
+
+
+def _describe(threads: list[_Thread]) -> str:
+    return "\n".join(f"  pid {t.pid} tid {t.tid} {t.state} {t.wchan:<22} {t.name}" for t in threads)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_scenario(
+    func: Callable[..., Any],
+    *,
+    start_method: str = "fork",
+    deadline: float = 60.0,
+    stuck_after: float = 1.0,
+    **kwargs: Any,
+) -> Any:
+    """
+    Run ``func(**kwargs)`` in a child process group and return what it returned (JSON).
+
+    ``func`` must be a module-level function of a test module. Raise ScenarioError when it
+    raises, hangs (``stuck_after`` seconds deadlocked) or runs past ``deadline`` seconds.
+    """
+    module_file = sys.modules[func.__module__].__file__
+    assert module_file, f"cannot locate the module of {func!r}"
+    with tempfile.TemporaryDirectory(prefix="lepatch-scenario-") as tmp:
+        result_file = Path(tmp, "result.json")
+        out_file = Path(tmp, "output.txt")
+        request = {
+            "module": module_file,
+            "func": func.__name__,
+            "kwargs": kwargs,
+            "start_method": start_method,
+            "result_file": str(result_file),
+        }
+        with out_file.open("wb") as out:
+            # Output goes to a file, never a pipe: a pipe we did not read would be one more
+            # thing for the child to block on.
+            proc = subprocess.Popen(
+                [sys.executable, str(HERE / "harness.py"), json.dumps(request)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=environment(),
+                start_new_session=True,
+            )
+        pgid = proc.pid
+        started = time.monotonic()
+        stuck_since: float | None = None
+        last_size = -1
+        failure = ""
+        try:
+            while proc.poll() is None:
+                now = time.monotonic()
+                if now - started > deadline:
+                    failure = f"did not finish within its {deadline:.0f}s deadline:\n" + _describe(
+                        _group_threads(pgid)
+                    )
+                    break
+                size = out_file.stat().st_size
+                threads = _group_threads(pgid)
+                if size == last_size and _deadlocked(threads):
+                    stuck_since = stuck_since or now
+                    if now - stuck_since >= stuck_after:
+                        failure = (
+                            f"deadlocked after {now - started:.1f}s: every process of the group "
+                            f"has been blocked for {stuck_after:.1f}s:\n" + _describe(threads)
+                        )
+                        break
+                else:
+                    stuck_since = None
+                last_size = size
+                time.sleep(0.05)
+        finally:
+            # Workers outlive a scenario that raised or was abandoned; never leave them behind.
+            _kill_group(pgid)
+            proc.wait()
+        output = out_file.read_text(errors="replace")
+        tail = "\n".join(line[:300] for line in output.splitlines()[-40:])
+        if failure:
+            raise ScenarioError(f"{func.__name__} {failure}\n--- output (tail) ---\n{tail}")
+        if not result_file.exists():
+            raise ScenarioError(
+                f"{func.__name__} exited with code {proc.returncode} without a result\n"
+                f"--- output (tail) ---\n{tail}"
+            )
+        payload = json.loads(result_file.read_text())
+        if "error" in payload:
+            raise ScenarioError(f"{func.__name__} raised:\n{payload['error']}")
+        return payload["result"]
+
+
+# --------------------------------------------------------------------------------------
+# Child side: the fake task runner and helpers scenarios use.
+# --------------------------------------------------------------------------------------
+
+
+def airflow_line() -> str:
+    """Which pinned API the installed Airflow has: "3.3", "3.2" or "3.1"."""
+    import inspect
+
+    from airflow.executors import local_executor
+    from airflow.executors.base_executor import BaseExecutor
+
+    if hasattr(BaseExecutor, "run_workload"):
+        return "3.3"
+    if len(inspect.signature(local_executor._execute_work).parameters) == 3:
+        return "3.2"
+    return "3.1"
+
+
+def fake_run(workload: Any) -> None:
+    """Act out ``workload.ti.executor_config["fake"]`` in a worker, instead of running a task."""
+    spec = (workload.ti.executor_config or {}).get("fake", {})
+    if started_dir := spec.get("started_dir"):
+        Path(started_dir, f"{workload.ti.task_id}.{os.getpid()}").touch()
+    if spec.get("ignore_sigterm"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if wait_for := spec.get("wait_for"):
+        give_up = time.monotonic() + spec.get("wait_timeout", 60)
+        while not os.path.exists(wait_for) and time.monotonic() < give_up:
+            time.sleep(0.01)
+    if seconds := spec.get("sleep"):
+        time.sleep(seconds)
+    if fail_bytes := spec.get("fail_bytes"):
+        raise RuntimeError("x" * fail_bytes)
+
+
+def install_fake_runner() -> None:
+    """Replace the task runner in this process, so the workers forked (or spawned) from it inherit it."""
+    from airflow.executors import local_executor
+
+    line = airflow_line()
+    if line == "3.3":
+        from airflow.executors.base_executor import BaseExecutor
+
+        def run_workload(workload: Any, **_: Any) -> int:
+            fake_run(workload)
+            return 0
+
+        BaseExecutor.run_workload = staticmethod(run_workload)  # type: ignore[method-assign]
+    else:
+
+        def execute_work(log: Any, workload: Any, *_: Any) -> None:
+            fake_run(workload)
+
+        local_executor._execute_work = execute_work  # type: ignore[attr-defined]
+
+
+def make_workload(task_id: str, *, fake: dict[str, Any] | None = None, pad: int = 900) -> Any:
+    """
+    A realistic ``ExecuteTask`` (about 1.7 KB pickled with the default ``pad``).
+
+    ``pad`` sizes the token the way a real JWT and paths size a real workload.
+    """
+    from airflow.executors import workloads
+
+    ti_fields = workloads.TaskInstance.model_fields
+    ti_kwargs: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "dag_version_id": uuid.uuid4(),
+        "task_id": task_id,
+        "dag_id": "lepatch_dag",
+        "run_id": "manual__2026-11-30T00:00:00+00:00",
+        "try_number": 1,
+        "map_index": -1,
+        "pool_slots": 1,
+        "queue": "default",
+        "priority_weight": 1,
+        "executor_config": {"fake": fake or {}},
+    }
+    if "hostname" in ti_fields:
+        ti_kwargs["hostname"] = None
+    ti = workloads.TaskInstance(**{k: v for k, v in ti_kwargs.items() if k in ti_fields})
+    return workloads.ExecuteTask(
+        ti=ti,
+        dag_rel_path="dags/lepatch_dag.py",
+        token="t" * pad,
+        bundle_info=workloads.BundleInfo(name="dags-folder", version=None),
+        log_path=f"dag_id=lepatch_dag/run_id=manual/task_id={task_id}/attempt=1.log",
+    )
+
+
+def key_of(workload: Any) -> Any:
+    return workload.ti.key
+
+
+def new_executor(parallelism: int) -> Any:
+    from airflow.executors.local_executor import LocalExecutor
+
+    executor = LocalExecutor(parallelism=parallelism)
+    executor.start()
+    return executor
+
+
+def dispatch(executor: Any, items: Iterable[Any]) -> None:
+    """Queue workloads and hand them to the executor in one batch, as ``trigger_tasks`` does."""
+    batch = list(items)
+    for workload in batch:
+        executor.queue_workload(workload, session=None)
+    executor._process_workloads(batch)
+
+
+def wait_for_states(executor: Any, keys: Iterable[Any], timeout: float = 30.0) -> dict[str, str]:
+    """Call ``sync()`` until every key has a terminal state in the event buffer (or time runs out)."""
+    from airflow.utils.state import TaskInstanceState
+
+    terminal = {TaskInstanceState.SUCCESS, TaskInstanceState.FAILED}
+    pending = set(keys)
+    states: dict[str, str] = {}
+    give_up = time.monotonic() + timeout
+    while pending and time.monotonic() < give_up:
+        executor.sync()
+        for key in list(pending):
+            if key in executor.event_buffer and executor.event_buffer[key][0] in terminal:
+                states[key.task_id] = str(executor.event_buffer[key][0])
+                pending.discard(key)
+        time.sleep(0.005)
+    for key in pending:
+        states[key.task_id] = "missing"
+    return states
+
+
+def terminal_states(executor: Any) -> dict[str, str]:
+    return {key.task_id: str(state) for key, (state, _) in executor.event_buffer.items()}
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01) -> bool:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def _child_main(request: dict[str, Any]) -> None:
+    import multiprocessing
+
+    # 3.1 and 3.2 read the start method when local_executor is imported: set it first.
+    multiprocessing.set_start_method(request["start_method"], force=True)
+    result_file = Path(request["result_file"])
+    try:
+        install_fake_runner()
+        spec = importlib.util.spec_from_file_location("lepatch_scenario", request["module"])
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        result = getattr(module, request["func"])(**request["kwargs"])
+        payload: dict[str, Any] = {"result": result}
+    except BaseException:
+        payload = {"error": traceback.format_exc()}
+    result_file.write_text(json.dumps(payload, default=str))
+    sys.stdout.flush()
+    # Skip interpreter teardown: atexit handlers would join workers a scenario left behind.
+    os._exit(0)
+
+
+def smoke() -> int:
+    """A no-database dispatch through the installed LocalExecutor: two tasks, one fails."""
+    import multiprocessing
+
+    for name, value in environment().items():
+        os.environ.setdefault(name, value)
+    multiprocessing.set_start_method("fork", force=True)
+    install_fake_runner()
+    executor = new_executor(parallelism=2)
+    ok, bad = make_workload("smoke_ok"), make_workload("smoke_fail", fake={"fail_bytes": 64})
+    dispatch(executor, [ok, bad])
+    states = wait_for_states(executor, [key_of(ok), key_of(bad)], timeout=30)
+    executor.end()
+    expected = {"smoke_ok": "success", "smoke_fail": "failed"}
+    print(json.dumps({"states": states, "expected": expected}))
+    return 0 if states == expected else 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--smoke"]:
+        sys.exit(smoke())
+    _child_main(json.loads(sys.argv[1]))
+elif __name__ == "__mp_main__":
+    # A worker started with the spawn method imports this file as its main module before it
+    # unpickles its target: this is where it gets the fake runner the parent had.
+    install_fake_runner()

@@ -1,0 +1,1 @@
+"""Tooling for the LocalExecutor patch series: pins, apply engine, verify, delivery."""
