@@ -49,6 +49,7 @@ import tempfile
 import time
 import traceback
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,8 +170,10 @@ def run_scenario(
             )
         pgid = proc.pid
         started = time.monotonic()
-        stuck_since: float | None = None
-        last_size = -1
+        # (time, every thread blocked, output size) samples of the last ``stuck_after`` seconds. A
+        # thread polling with a short timeout is caught running now and then, so a deadlock is "blocked
+        # in nearly every sample", not "in every sample".
+        window: deque[tuple[float, bool, int]] = deque()
         failure = ""
         try:
             while proc.poll() is None:
@@ -180,20 +183,20 @@ def run_scenario(
                         _group_threads(pgid)
                     )
                     break
-                size = out_file.stat().st_size
                 threads = _group_threads(pgid)
-                if size == last_size and _deadlocked(threads):
-                    stuck_since = stuck_since or now
-                    if now - stuck_since >= stuck_after:
-                        failure = (
-                            f"deadlocked after {now - started:.1f}s: every process of the group "
-                            f"has been blocked for {stuck_after:.1f}s:\n" + _describe(threads)
-                        )
-                        break
-                else:
-                    stuck_since = None
-                last_size = size
-                time.sleep(0.05)
+                window.append((now, _deadlocked(threads), out_file.stat().st_size))
+                while now - window[0][0] > stuck_after:
+                    window.popleft()
+                spans = now - window[0][0] >= stuck_after * 0.9
+                blocked = sum(sample[1] for sample in window) >= 0.75 * len(window)
+                silent = window[0][2] == window[-1][2]
+                if spans and blocked and silent and window[-1][1]:
+                    failure = (
+                        f"deadlocked after {now - started:.1f}s: every process of the group "
+                        f"has been blocked for {stuck_after:.1f}s:\n" + _describe(threads)
+                    )
+                    break
+                time.sleep(0.02)
         finally:
             # Workers outlive a scenario that raised or was abandoned; never leave them behind.
             _kill_group(pgid)

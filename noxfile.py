@@ -1,0 +1,133 @@
+"""Sessions: thin wrappers over ``python -m tools``; ``nox`` alone runs ``apply``.
+
+Every install goes through :func:`install`, which applies ``constraints/tools.txt``; the
+per-line test venvs come from ``tools.venvs`` (constrained by ``constraints/<line>.txt``).
+``session.posargs`` go straight to the tool: ``nox -s apply -- --line 3.2``.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from tools import pins, venvs  # noqa: E402  (stdlib only, importable before any install)
+from tools.errors import ToolError  # noqa: E402
+
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["apply"]
+nox.options.reuse_venv = "yes"
+
+LINES = [line.name for line in pins.LINES]
+TOOLS_CONSTRAINTS = ROOT / "constraints" / "tools.txt"
+LINT_PATHS = ["tools", "tests", "noxfile.py", "airflow_overlay"]
+# The interpreter running nox: sessions without a venv run the tools with it.
+PYTHON = sys.executable
+
+
+def install(session: nox.Session, *packages: str) -> None:
+    """Install into the session's venv, pinned by constraints/tools.txt (the only install path)."""
+    session.install("-c", str(TOOLS_CONSTRAINTS), *packages)
+
+
+def run_tools(session: nox.Session, *args: str) -> None:
+    session.run(PYTHON, "-m", "tools", *args, external=True)
+
+
+@nox.session(venv_backend="none")
+def apply(session: nox.Session) -> None:
+    """Apply the series to every pinned line; check (or --write) overlays and tests/executor."""
+    run_tools(session, "apply", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+@nox.parametrize("line", [*LINES, "tools"])
+def tests(session: nox.Session, line: str) -> None:
+    """tests/executor against a line's overlay in its pinned venv, or tests/tools (line='tools')."""
+    try:
+        if line == "tools":
+            python, paths = venvs.ensure_tools(), ["tests/tools"]
+        else:
+            python, paths = venvs.ensure(line), ["tests/executor"]
+            overlay = ROOT / "airflow_overlay" / line / pins.PACKAGE_PATH
+            venvs.install_executor(python, overlay.read_bytes())
+    except (ToolError, OSError) as exc:
+        session.error(str(exc))
+    has_tests = any(f for p in paths for f in (ROOT / p).rglob("test_*.py"))
+    with tempfile.TemporaryDirectory(prefix="lepatch-airflow-home-") as home:
+        session.run(
+            str(python),
+            "-m",
+            "pytest",
+            *paths,
+            "-p",
+            "no:cacheprovider",
+            *session.posargs,
+            external=True,
+            env=venvs.test_env(Path(home)),
+            success_codes=[0] if has_tests else [0, 5],
+        )
+
+
+@nox.session(venv_backend="none")
+def verify(session: nox.Session) -> None:
+    """Every fixed_by test fails before its patch and passes from it on, on every line."""
+    run_tools(session, "verify", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (check and format) and the series' own lint."""
+    install(session, "ruff")
+    session.run("ruff", "check", *LINT_PATHS)
+    session.run("ruff", "format", "--check", *LINT_PATHS)
+    session.run("python", "-m", "tools", "lint-series")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy on each overlay against its line's installed Airflow, then on tools/ and noxfile.py."""
+    install(session, "mypy", "nox", "pytest")
+    for line in LINES:
+        try:
+            python = venvs.ensure(line)
+        except ToolError as exc:
+            session.error(str(exc))
+        # why: from the overlay root the file is airflow/executors/local_executor.py, checked
+        # against the line's installed Airflow (imports followed silently, not reported).
+        with session.chdir(ROOT / "airflow_overlay" / line):
+            session.run(
+                "mypy",
+                "--config-file=",
+                "--python-executable",
+                str(python),
+                "--follow-imports=silent",
+                "--ignore-missing-imports",
+                "--cache-dir",
+                str(ROOT / "build" / "mypy" / line),
+                pins.PACKAGE_PATH,
+            )
+    session.run("mypy", "--cache-dir", str(ROOT / "build" / "mypy" / "tools"))
+
+
+@nox.session
+def changelog(session: nox.Session) -> None:
+    """Check newsfragments/ and draft the changelog: ``nox -s changelog -- VERSION``."""
+    install(session, "towncrier")
+    session.run("python", "-m", "tools", "check-newsfragments")
+    version = session.posargs[0] if session.posargs else "unreleased"
+    session.run("towncrier", "build", "--draft", "--version", version)
+
+
+@nox.session(venv_backend="none")
+def e2e(session: nox.Session) -> None:
+    """A real Airflow (api-server, scheduler, dag-processor) with workers killed on purpose.
+
+    ``nox -s e2e -- --stage 0 --scenario kill-queued --db postgres``; not part of ``tests``.
+    """
+    session.run(PYTHON, "-m", "tools.e2e", *session.posargs, external=True)

@@ -1,0 +1,167 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one
+# or more contributor license agreements.  See the NOTICE file
+# distributed with this work for additional information
+# regarding copyright ownership.  The ASF licenses this file
+# to you under the Apache License, Version 2.0 (the
+# "License"); you may not use this file except in compliance
+# with the License.  You may obtain a copy of the License at
+#
+#   http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing,
+# software distributed under the License is distributed on an
+# "AS IS" BASIS, WITHOUT WARRANTIES OR CONDITIONS OF ANY
+# KIND, either express or implied.  See the License for the
+# specific language governing permissions and limitations
+# under the License.
+"""A dispatched workload holds a parallelism slot until it ends or its worker dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from pathlib import Path
+
+import pytest
+from harness import (
+    dispatch,
+    key_of,
+    make_workload,
+    new_executor,
+    run_scenario,
+    wait_for_states,
+    wait_until,
+)
+
+SLOT_PATCH = "0002-hold-a-parallelism-slot-per-dispatched-workload.patch"
+
+
+def slots_while_running(parallelism: int) -> dict:
+    executor = new_executor(parallelism)
+    gate = Path(tempfile.mkdtemp(), "go")
+    items = [make_workload(f"held_{i}", fake={"wait_for": str(gate)}) for i in range(parallelism)]
+    dispatch(executor, items)
+    held = {"slots": executor.slots_available, "running": len(executor.running)}
+    gate.touch()
+    states = wait_for_states(executor, [key_of(w) for w in items], timeout=20)
+    after = {"slots": executor.slots_available, "running": len(executor.running)}
+    executor.end()
+    return {"held": held, "after": after, "states": states}
+
+
+@pytest.mark.fixed_by(SLOT_PATCH)
+def test_dispatched_workloads_hold_slots_until_their_result(start_method):
+    outcome = run_scenario(slots_while_running, start_method=start_method, deadline=60, parallelism=2)
+    assert outcome["held"] == {"slots": 0, "running": 2}
+    assert outcome["states"] == {"held_0": "success", "held_1": "success"}
+    assert outcome["after"] == {"slots": 2, "running": 0}
+
+
+def kill_busy_worker() -> dict:
+    executor = new_executor(2)
+    started_dir = tempfile.mkdtemp()
+    doomed = make_workload("doomed", fake={"started_dir": started_dir, "sleep": 60})
+    dispatch(executor, [doomed])
+    assert wait_until(lambda: os.listdir(started_dir), timeout=20), "the workload never started"
+    pid = int(os.listdir(started_dir)[0].rsplit(".", 1)[1])
+    os.kill(pid, signal.SIGKILL)
+    states = wait_for_states(executor, [key_of(doomed)], timeout=5)
+    slots = executor.slots_available
+    # The executor keeps working afterwards.
+    after = make_workload("after")
+    dispatch(executor, [after])
+    states.update(wait_for_states(executor, [key_of(after)], timeout=20))
+    executor.end()
+    return {"states": states, "slots_after_death": slots}
+
+
+@pytest.mark.fixed_by(SLOT_PATCH)
+def test_worker_killed_after_start_frees_its_slot_and_fails_the_key(start_method):
+    outcome = run_scenario(kill_busy_worker, start_method=start_method, deadline=60)
+    assert outcome["states"] == {"doomed": "failed", "after": "success"}
+    assert outcome["slots_after_death"] == 2
+
+
+class _Results:
+    """A stand-in result queue holding messages a worker wrote before it was reaped."""
+
+    def __init__(self, messages):
+        self.messages = list(messages)
+
+    def empty(self):
+        return not self.messages
+
+    def get(self):
+        return self.messages.pop(0)
+
+
+def test_late_result_from_a_reaped_worker_is_ignored():
+    from airflow.executors.local_executor import LocalExecutor
+    from airflow.utils.state import TaskInstanceState
+
+    executor = LocalExecutor(parallelism=2)
+    _reset_bookkeeping(executor)
+    workload = make_workload("late")
+    key = key_of(workload)
+    # The key was already failed when its worker was reaped; nothing of it is in flight any more.
+    executor.event_buffer[key] = (TaskInstanceState.FAILED, "worker died")
+    executor.result_queue = _Results([(key, TaskInstanceState.SUCCESS, None, 4242)])
+
+    executor._read_results()
+
+    assert executor.event_buffer[key][0] == TaskInstanceState.FAILED
+    assert key not in executor.running
+    assert executor.slots_available == 2
+
+
+def test_earlier_dispatch_result_keeps_the_slot_of_a_newer_dispatch():
+    """A resumed attempt reuses the key while its earlier dispatch has not reported."""
+    from airflow.executors.local_executor import LocalExecutor
+    from airflow.utils.state import TaskInstanceState
+
+    executor = LocalExecutor(parallelism=2)
+    workload = make_workload("resumed")
+    key = key_of(workload)
+    executor.start = lambda: None  # no workers: this drives the bookkeeping only
+    executor.activity_queue = _Sink()
+    executor._unread_messages = _Counter()
+    executor._check_workers = lambda: None
+    _reset_bookkeeping(executor)
+    for _ in range(2):
+        executor.queue_workload(workload, session=None)
+        executor._process_workloads([workload])
+    executor.result_queue = _Results([(key, TaskInstanceState.SUCCESS, None, 1)])
+    executor._read_results()
+    assert key in executor.running, "the newer dispatch still holds its slot"
+    executor.result_queue = _Results([(key, TaskInstanceState.SUCCESS, None, 2)])
+    executor._read_results()
+    assert key not in executor.running
+    assert executor.event_buffer[key][0] == TaskInstanceState.SUCCESS
+
+
+class _Sink:
+    def put(self, obj):
+        pass
+
+    def empty(self):
+        return True
+
+
+class _Counter:
+    value = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _reset_bookkeeping(executor) -> None:
+    """The per-dispatch state ``start()`` creates, without starting workers."""
+    executor._dispatch_counts = {}
+    executor._failure_states = {}
+    executor._worker_keys = {}
+    executor.workers = {}

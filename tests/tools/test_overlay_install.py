@@ -1,0 +1,241 @@
+"""Overlay install/status/restore: against a fake environment (fast), and a real pinned venv (uv)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import overlay_install as oi
+from tools import pins
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_airflow import base_source
+
+LINE = pins.PRIMARY
+PY_DIR = f"python{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def fake_env(root: Path, version: str, source: bytes) -> tuple[Path, Path]:
+    """A venv with a stand-in apache-airflow-core: metadata and local_executor.py only."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = root / "lib" / PY_DIR / "site-packages"
+    dist = site / f"apache_airflow_core-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: apache-airflow-core\nVersion: {version}\n")
+    target = site / pins.PACKAGE_PATH
+    target.parent.mkdir(parents=True)
+    target.write_bytes(source)
+    return root / "bin" / "python", target
+
+
+@pytest.fixture(scope="module")
+def base() -> bytes:
+    src = base_source(LINE)
+    if src is None:
+        pytest.skip(f"no {LINE.wheel_name} at hand")
+    return src
+
+
+@pytest.fixture
+def overlay_dir(tmp_path: Path, base: bytes) -> Path:
+    d = tmp_path / "overlay"
+    f = d / LINE.name / pins.PACKAGE_PATH
+    f.parent.mkdir(parents=True)
+    f.write_bytes(base + b"\n# lepatch test overlay\n")
+    return d
+
+
+def smoke_script(tmp_path: Path, ok: bool) -> Path:
+    script = tmp_path / ("smoke_ok.py" if ok else "smoke_bad.py")
+    script.write_text(
+        "import os, sys\n"
+        "assert sys.argv[1:] == ['--smoke'] and os.environ['AIRFLOW_HOME']\n"
+        f"sys.exit({0 if ok else 1})\n"
+    )
+    return script
+
+
+def make(python: Path, overlay_dir: Path, tmp_path: Path, ok: bool = True) -> oi.OverlayInstaller:
+    return oi.OverlayInstaller(
+        python, overlay_dir=overlay_dir, smoke_script=smoke_script(tmp_path, ok), out=io.StringIO()
+    )
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_install_status_restore_roundtrip(tmp_path: Path, base: bytes, overlay_dir: Path) -> None:
+    python, target = fake_env(tmp_path / "env", "3.3.1", base)  # a covered patch release
+    pyc = target.parent / "__pycache__" / f"local_executor.{sys.implementation.cache_tag}.pyc"
+    pyc.parent.mkdir()
+    pyc.write_bytes(b"stale bytecode")
+    inst = make(python, overlay_dir, tmp_path)
+    assert inst.status().state is oi.OverlayState.PRISTINE
+
+    st = inst.install()
+    overlay = (overlay_dir / LINE.name / pins.PACKAGE_PATH).read_bytes()
+    assert st.state is oi.OverlayState.INSTALLED
+    assert target.read_bytes() == overlay
+    assert not pyc.exists() or pyc.read_bytes() != b"stale bytecode"
+    state_dir = tmp_path / "env" / oi.STATE_DIR_NAME
+    assert (state_dir / oi.BACKUP_NAME).read_bytes() == base
+    record = json.loads((state_dir / oi.RECORD_NAME).read_text())
+    assert record["state"] == "installed" and record["line"] == "3.3" and record["version"] == "3.3.1"
+    assert record["original_sha256"] == LINE.source_sha256
+
+    before = snapshot(tmp_path / "env")
+    inst.install()  # again: a no-op
+    assert snapshot(tmp_path / "env") == before
+    assert "already installed" in inst._out.getvalue()  # type: ignore[attr-defined]
+
+    st = inst.restore()
+    assert st.state is oi.OverlayState.PRISTINE
+    assert target.read_bytes() == base
+    assert not state_dir.exists()
+
+
+def test_refuses_unpinned_version(tmp_path: Path, base: bytes, overlay_dir: Path) -> None:
+    python, _ = fake_env(tmp_path / "env", "3.0.6", base)
+    before = snapshot(tmp_path / "env")
+    with pytest.raises(oi.OverlayError, match=r"3\.0\.6 is not a pinned version"):
+        make(python, overlay_dir, tmp_path).install()
+    assert snapshot(tmp_path / "env") == before
+
+
+def test_refuses_file_patched_by_someone_else(tmp_path: Path, base: bytes, overlay_dir: Path) -> None:
+    python, target = fake_env(tmp_path / "env", "3.3.2", base + b"# local hotfix\n")
+    before = snapshot(tmp_path / "env")
+    inst = make(python, overlay_dir, tmp_path)
+    assert inst.status().state is oi.OverlayState.FOREIGN
+    with pytest.raises(oi.OverlayError, match=r"not byte-identical to the pinned 3\.3\.2 base") as exc:
+        inst.install()
+    assert str(target) in str(exc.value) and "\n" not in str(exc.value)
+    assert snapshot(tmp_path / "env") == before
+
+
+def test_refuses_when_overlay_missing(tmp_path: Path, base: bytes) -> None:
+    python, _ = fake_env(tmp_path / "env", "3.3.2", base)
+    before = snapshot(tmp_path / "env")
+    with pytest.raises(oi.OverlayError, match=r"no overlay for line 3\.3"):
+        make(python, tmp_path / "nothing", tmp_path).install()
+    assert snapshot(tmp_path / "env") == before
+
+
+def test_failed_smoke_puts_the_original_back(tmp_path: Path, base: bytes, overlay_dir: Path) -> None:
+    python, _ = fake_env(tmp_path / "env", "3.3.2", base)
+    before = snapshot(tmp_path / "env")
+    with pytest.raises(oi.OverlayError, match=r"failed the smoke dispatch .* original file was put back"):
+        make(python, overlay_dir, tmp_path, ok=False).install()
+    assert snapshot(tmp_path / "env") == before
+
+
+def test_overlay_that_does_not_compile_is_rolled_back(tmp_path: Path, base: bytes) -> None:
+    python, target = fake_env(tmp_path / "env", "3.3.2", base)
+    bad = tmp_path / "bad" / LINE.name / pins.PACKAGE_PATH
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"def broken(:\n")
+    with pytest.raises(oi.OverlayError, match="does not compile"):
+        make(python, tmp_path / "bad", tmp_path).install()
+    assert target.read_bytes() == base
+
+
+def test_status_sees_changes_and_restore_needs_force(tmp_path: Path, base: bytes, overlay_dir: Path) -> None:
+    python, target = fake_env(tmp_path / "env", "3.3.2", base)
+    inst = make(python, overlay_dir, tmp_path)
+    inst.install()
+    target.write_bytes(target.read_bytes() + b"# edited after install\n")
+    assert inst.status().state is oi.OverlayState.MODIFIED
+    with pytest.raises(oi.OverlayError, match="changed since the overlay was installed"):
+        inst.restore()
+    assert b"edited after install" in target.read_bytes()
+    inst.restore(force=True)
+    assert target.read_bytes() == base
+
+
+def test_interrupted_install_is_visible_and_restorable(
+    tmp_path: Path, base: bytes, overlay_dir: Path
+) -> None:
+    python, target = fake_env(tmp_path / "env", "3.3.2", base)
+    inst = make(python, overlay_dir, tmp_path)
+    inst.install()
+    record_path = tmp_path / "env" / oi.STATE_DIR_NAME / oi.RECORD_NAME
+    record = json.loads(record_path.read_text())
+    record["state"] = "installing"  # as if killed between the swap and the smoke result
+    record_path.write_text(json.dumps(record))
+    assert inst.status().state is oi.OverlayState.INSTALLING
+    with pytest.raises(oi.OverlayError, match="interrupted"):
+        inst.install()
+    inst.restore()
+    assert target.read_bytes() == base
+
+
+def test_cli_status_and_exit_codes(
+    tmp_path: Path, base: bytes, overlay_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    python, target = fake_env(tmp_path / "env", "3.3.2", base)
+    args = ["--python", str(python), "--overlay-dir", str(overlay_dir)]
+    assert oi.main(["status", *args]) == 0
+    assert "is the pinned 3.3 base" in capsys.readouterr().out
+    target.write_bytes(b"# someone else's\n")
+    assert oi.main(["status", "--json", *args]) == 3
+    assert json.loads(capsys.readouterr().out)["state"] == "foreign"
+    assert oi.main(["install", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert oi.main(["restore", *args]) == 1
+    assert "nothing to restore" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_missing_interpreter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert oi.main(["status", "--python", str(tmp_path / "nope" / "python")]) == 1
+    assert "no such interpreter" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a real pinned environment
+
+UV = shutil.which("uv")
+
+
+@pytest.mark.skipif(UV is None, reason="uv is needed to build a real apache-airflow-core venv")
+def test_real_venv_install_smoke_restore(tmp_path: Path, base: bytes) -> None:
+    """A real apache-airflow-core 3.3.1 (covered by the 3.3 line), the real smoke dispatch."""
+    venv = tmp_path / "airflow-env"
+    subprocess.run([UV, "venv", "-q", "-p", sys.executable, str(venv)], check=True)
+    wheel = (
+        Path(os.environ.get("LEPATCH_WHEELS", "/tmp/wheels")) / "apache_airflow_core-3.3.1-py3-none-any.whl"
+    )
+    requirement = str(wheel) if wheel.is_file() else "apache-airflow-core==3.3.1"
+    python = venv / "bin" / "python"
+    proc = subprocess.run(
+        [UV, "pip", "install", "-q", "--python", str(python), requirement], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot install apache-airflow-core 3.3.1: {proc.stderr.strip()[-200:]}")
+    real = oi.OVERLAY_DIR / LINE.name / pins.PACKAGE_PATH
+    overlay_dir = oi.OVERLAY_DIR
+    if not real.is_file():  # before the series exists: the base plus a marker line
+        overlay_dir = tmp_path / "overlay"
+        f = overlay_dir / LINE.name / pins.PACKAGE_PATH
+        f.parent.mkdir(parents=True)
+        f.write_bytes(base + b"\n# lepatch test overlay\n")
+    inst = oi.OverlayInstaller(python, overlay_dir=overlay_dir, out=io.StringIO())
+    env = inst.inspect()
+    assert env.version == "3.3.1"
+    assert env.target.read_bytes() == base
+
+    st = inst.install()
+    assert st.state is oi.OverlayState.INSTALLED
+    assert "smoke dispatch passed" in inst._out.getvalue()  # type: ignore[attr-defined]
+    assert env.target.read_bytes() == (overlay_dir / LINE.name / pins.PACKAGE_PATH).read_bytes()
+
+    inst.restore()
+    assert env.target.read_bytes() == base
+    assert inst.status().state is oi.OverlayState.PRISTINE

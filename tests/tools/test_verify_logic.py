@@ -1,0 +1,64 @@
+"""verify's expectations as a pure function over a results dict."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.errors import ToolError
+from tools.verify import FAIL, PASS, evaluate, expected_outcome, parse_stage_range, render
+
+SERIES = ["0001-a.patch", "0002-b.patch", "0003-c.patch"]
+
+
+def test_expected_outcome_flips_at_the_fixing_patch() -> None:
+    assert [expected_outcome(k, 2) for k in range(4)] == [FAIL, FAIL, PASS, PASS]
+
+
+def test_evaluate_marks_only_unexpected_cells() -> None:
+    outcomes = {
+        0: {"t::a": "fail", "t::b": "fail"},
+        1: {"t::a": "fail", "t::b": "pass"},
+        2: {"t::a": "pass", "t::b": "pass"},
+        3: {"t::a": "pass", "t::b": "fail"},
+    }
+    ev = evaluate(outcomes, {"t::a": "0002-b.patch", "t::b": "0001-a.patch"}, SERIES)
+    assert [c.label() for c in ev.rows["t::a"].values()] == ["FAIL", "FAIL", "pass", "pass"]
+    assert [c.label() for c in ev.rows["t::b"].values()] == ["FAIL", "pass", "pass", "FAIL!"]
+    assert not ev.ok
+    table = render("9.1 (9.1.0)", ev, SERIES)
+    assert table.splitlines()[0].split() == ["9.1", "(9.1.0)", "fixed", "by", "0", "1", "2", "3"]
+    assert "FAIL!" in table.splitlines()[2]
+
+
+def test_passing_before_the_fix_is_unexpected_too() -> None:
+    ev = evaluate({0: {"t::a": "pass"}, 1: {"t::a": "pass"}}, {"t::a": "0001-a.patch"}, SERIES)
+    assert [c.unexpected for c in ev.rows["t::a"].values()] == [True, False]
+
+
+def test_errors_skips_and_missing_results_are_unexpected() -> None:
+    ev = evaluate(
+        {0: {"t::a": "error", "t::b": "skip"}},
+        {"t::a": "0001-a.patch", "t::b": "0001-a.patch", "t::c": "0001-a.patch"},
+        SERIES,
+    )
+    assert [ev.rows[t][0].label() for t in ("t::a", "t::b", "t::c")] == ["ERR!", "skip!", "-!"]
+
+
+def test_unknown_patch_is_an_error() -> None:
+    ev = evaluate({0: {"t::a": "fail"}}, {"t::a": "0009-nope.patch"}, SERIES)
+    assert not ev.ok and "0009-nope.patch" in ev.errors[0] and "t::a" not in ev.rows
+
+
+def test_all_as_expected() -> None:
+    ev = evaluate({0: {"t::a": "fail"}, 1: {"t::a": "pass"}}, {"t::a": "0001-a.patch"}, SERIES)
+    assert ev.ok
+
+
+def test_stage_range() -> None:
+    assert parse_stage_range(None, 3) == [0, 1, 2, 3]
+    assert parse_stage_range("2", 3) == [2]
+    assert parse_stage_range("1-2", 3) == [1, 2]
+    assert parse_stage_range("2-", 3) == [2, 3]
+    assert parse_stage_range("-1", 3) == [0, 1]
+    with pytest.raises(ToolError):
+        parse_stage_range("2-5", 3)

@@ -1,0 +1,747 @@
+"""``nox -s e2e``: the executor under test in a real Airflow, with workers killed on purpose.
+
+For each scenario the driver starts a fresh stack on loopback (``tools.e2e_stack``: db migrate,
+then api-server, scheduler and dag-processor as separate processes, LocalExecutor, SQLite or
+PostgreSQL), triggers ``tests/e2e/dags/lepatch_e2e.py`` (30 short tasks, ``retries=1``) with the
+CLI, polls the REST API until the run is final or its deadline passes (``tools.e2e_watch``),
+prints a timeline (``tools.e2e_timeline``) and judges the outcome:
+
+clean
+    The run succeeds, every task on its first try.
+kill-running
+    A worker is SIGKILLed while its task runs (the API says ``running``, the task process is
+    the worker's child). The run must still end within the deadline, the killed task failed
+    and retried rather than left ``running``, every other task successful.
+kill-queued
+    A worker is SIGKILLed after it took a workload but before the task started, so the task
+    instance is still ``queued``. How that instant is caught deterministically: the driver polls
+    each worker's proctitle in /proc every millisecond; a worker's title changes from
+    ``<idle>`` to the task instance id right after ``input.get()`` returned. The driver then
+    SIGSTOPs it at once and, once it is really stopped, looks for a child: the supervisor forks
+    the task process *before* it tells the API server the task started, so a stopped worker
+    with no child has provably not started its task. That worker is SIGKILLed. If it already
+    has a child the driver SIGCONTs it and waits for the next workload (30 chances per run).
+    The key must then be failed or re-dispatched, never left ``queued``.
+kill-idle-reader
+    Before the trigger, the idle worker that holds the input queue's read lock (its wchan is a
+    pipe read while the other idle workers sleep on a futex) is SIGKILLed. Every task must still
+    run, and afterwards SIGTERM must stop the scheduler within ``--stop-bound`` seconds.
+
+Every process the session starts is stopped by pid, on success and failure alike. The JSON
+report goes to ``build/e2e/report.json`` (and a timestamped copy); each stack's logs stay in
+``build/e2e/<stamp>/<scenario>/``. Exit status 0 only if every selected scenario passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from types import FrameType
+
+from tools import e2e_procfs as procfs
+from tools import pins
+from tools.e2e_stack import AirflowStack, Postgres, StackConfig, StackError, tail
+from tools.e2e_timeline import format_timeline, rows_from_api, summarize
+from tools.e2e_watch import Json, RestApi, RunWatcher, TaskSnap, WatchResult
+from tools.errors import ToolError
+from tools.layout import DEFAULT as LAYOUT
+
+DAG_FILE = LAYOUT.root / "tests" / "e2e" / "dags" / "lepatch_e2e.py"
+DAG_ID = "lepatch_e2e"
+N_TASKS = 30
+SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader")
+NOT_DONE = frozenset(
+    {None, "none", "scheduled", "queued", "running", "up_for_retry", "restarting", "deferred"}
+)
+
+
+# -- options and results -----------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    line: pins.Line
+    stage: int | None
+    db: str
+    parallelism: int
+    scenarios: list[str]
+    deadline: float
+    stop_bound: float
+    task_seconds: float
+    out: Path
+
+
+@dataclass
+class Kill:
+    """What the driver killed and what the API said about the task at that moment."""
+
+    t: float
+    pid: int
+    task_id: str | None
+    ti_id: str | None
+    try_number: int | None
+    state_at_kill: str | None
+    detail: str
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    passed: bool
+    failures: list[str]
+    run_state: str | None
+    final: bool
+    timings: dict[str, float | None]
+    counts: dict[str, int]
+    kill: Kill | None
+    events: list[tuple[float, str]]
+    health_at_end: Json | None
+    stop: Json
+    timeline: str
+    logs: str
+    extra: Json = field(default_factory=dict)
+
+
+# -- judging (pure) ------------------------------------------------------------------------------
+
+
+def judge(
+    scenario: str,
+    watch: WatchResult,
+    deadline: float,
+    tasks: dict[str, TaskSnap],
+    tries: dict[str, list[Json]],
+    kill: Kill | None,
+    n_tasks: int = N_TASKS,
+) -> list[str]:
+    """Why the scenario failed, one line per reason; empty when it passed."""
+    failures: list[str] = []
+    killed = kill.task_id if kill else None
+    if scenario in ("kill-running", "kill-queued") and kill is None:
+        failures.append("the driver never killed a worker (see events)")
+    if not watch.final:
+        stuck = sorted(
+            (ts for ts in tasks.values() if ts.state in NOT_DONE),
+            key=lambda ts: (ts.task_id != killed, ts.task_id),
+        )
+        named = ", ".join(_describe_task(ts, killed) for ts in stuck[:4])
+        more = f" and {len(stuck) - 4} more" if len(stuck) > 4 else ""
+        failures.append(
+            f"run not final after {deadline:g} s (run state {watch.run_state}); "
+            f"{_counts_text(tasks)}" + (f"; not done: {named}{more}" if stuck else "")
+        )
+    if len(tasks) != n_tasks:
+        failures.append(f"expected {n_tasks} task instances, the API lists {len(tasks)}")
+    others_bad = [ts for ts in tasks.values() if ts.task_id != killed and ts.state != "success"]
+    if others_bad and watch.final:
+        failures.append(
+            "tasks not successful: "
+            + ", ".join(_describe_task(ts, killed) for ts in sorted(others_bad, key=lambda t: t.task_id))
+        )
+    if scenario == "clean":
+        again = sorted(ts.task_id for ts in tasks.values() if ts.try_number > 1)
+        if again:
+            failures.append(f"tasks retried in a clean run: {', '.join(again)}")
+    if scenario in ("clean", "kill-idle-reader") and watch.final and watch.run_state != "success":
+        failures.append(f"run ended {watch.run_state}, expected success")
+    if kill is not None and kill.task_id is not None:
+        failures += _judge_killed(kill, tasks.get(kill.task_id), tries.get(kill.task_id, []), watch.final)
+    return failures
+
+
+def _judge_killed(kill: Kill, ts: TaskSnap | None, tries: list[Json], final: bool) -> list[str]:
+    """The killed task must have been failed (its try ended) or re-dispatched, never left hanging."""
+    if ts is None:
+        return [f"the killed task {kill.task_id} is missing from the run"]
+    killed_try = kill.try_number or 1
+    first = next((d for d in tries if int(d.get("try_number") or 0) == killed_try), None)
+    retried = ts.try_number > killed_try
+    if ts.state in NOT_DONE and not retried:
+        return [
+            f"killed task {_describe_task(ts, None)} was neither failed nor re-dispatched "
+            f"({ts.state} since the kill at {kill.t:+.1f} s)"
+        ]
+    if retried and first is not None and first.get("state") not in ("failed", "up_for_retry"):
+        return [f"killed task {kill.task_id}: try {killed_try} ended {first.get('state')}, expected failed"]
+    if ts.state not in ("success", "failed") and final:
+        return [f"killed task {kill.task_id} ended {ts.state}"]
+    return []
+
+
+def _describe_task(ts: TaskSnap, killed: str | None) -> str:
+    mark = " (killed)" if ts.task_id == killed else ""
+    pid = f", pid {ts.pid}" if ts.pid else ", no pid"
+    return f"{ts.task_id}{mark} {ts.state or 'none'} try {ts.try_number}{pid}"
+
+
+def _counts_text(tasks: dict[str, TaskSnap]) -> str:
+    counts: dict[str, int] = {}
+    for ts in tasks.values():
+        counts[ts.state or "none"] = counts.get(ts.state or "none", 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+# -- the killers --------------------------------------------------------------------------------
+
+
+class Run:
+    """One scenario's live context: stack, watcher, the driver's own events."""
+
+    def __init__(
+        self, name: str, stack: AirflowStack, api: RestApi, opts: Options, say: Callable[[str], None]
+    ):
+        self.name = name
+        self.stack = stack
+        self.api = api
+        self.opts = opts
+        self.say = say
+        self.run_id = f"e2e-{name}"
+        self.watcher = RunWatcher(api, DAG_ID, self.run_id)
+        self.events: list[tuple[float, str]] = []
+        self.kill: Kill | None = None
+        self.done = threading.Event()
+        self.extra: Json = {}
+
+    def t(self) -> float:
+        return self.watcher.now()
+
+    def event(self, text: str, t: float | None = None) -> None:
+        t = self.t() if t is None else t
+        self.events.append((t, text))
+        self.say(f"  {t:+8.2f}  {text}")
+
+    def remaining(self) -> float:
+        return self.opts.deadline - self.t()
+
+    def snap_for(self, ti_id: str) -> TaskSnap | None:
+        last = self.watcher.last
+        return last.by_ti_id(ti_id) if last else None
+
+    def fresh_snap_for(self, ti_id: str) -> TaskSnap | None:
+        """Ask the API now rather than trust the watcher's last poll."""
+        try:
+            tis = self.api.task_instances(DAG_ID, self.run_id)
+        except (OSError, ValueError, KeyError):
+            return self.snap_for(ti_id)
+        d = next((d for d in tis if d.get("id") == ti_id), None)
+        return TaskSnap.from_api(d) if d else None
+
+
+def kill_running(run: Run) -> None:
+    """SIGKILL a worker whose task process runs and whose task instance the API calls running."""
+    sched = run.stack.scheduler_pid
+    while not run.done.is_set() and run.remaining() > 0:
+        for w in procfs.workers_of(sched):
+            if not w.busy_with or not w.children:
+                continue
+            ts = run.fresh_snap_for(w.busy_with)
+            if ts is None or ts.state != "running":
+                continue
+            procfs.send(w.pid, signal.SIGKILL)
+            run.kill = Kill(
+                run.t(),
+                w.pid,
+                ts.task_id,
+                ts.ti_id,
+                ts.try_number,
+                ts.state,
+                f"task process {','.join(map(str, w.children))} left running",
+            )
+            run.event(
+                f"SIGKILL worker {w.pid} while it ran {ts.task_id} try {ts.try_number} "
+                f"(API: running, task pid {ts.pid})"
+            )
+            return
+        time.sleep(0.05)
+    run.event("no worker with a running task was caught before the deadline")
+
+
+def kill_queued(run: Run) -> None:
+    """Freeze a worker the instant it takes a workload; kill it only if it has not forked yet."""
+    sched = run.stack.scheduler_pid
+    tried: set[tuple[int, str]] = set()
+    missed = 0
+    pids: list[int] = []
+    refreshed = 0.0
+    while not run.done.is_set() and run.remaining() > 0:
+        now = time.monotonic()
+        if now - refreshed > 0.1:  # new workers appear when the executor replaces dead ones
+            pids = [w.pid for w in procfs.workers_of(sched)]
+            refreshed = now
+        for pid in pids:
+            try:
+                ti_id = procfs.worker_busy_with(procfs.cmdline(pid))
+            except procfs.ProcGone:
+                continue
+            if ti_id is None or (pid, ti_id) in tried:
+                continue
+            tried.add((pid, ti_id))
+            procfs.send(pid, signal.SIGSTOP)
+            if not procfs.wait_stopped(pid):
+                procfs.send(pid, signal.SIGCONT)
+                continue
+            kids = procfs.children(pid)
+            if kids:
+                # Too late: the supervisor forked, it may have told the API the task started.
+                procfs.send(pid, signal.SIGCONT)
+                missed += 1
+                continue
+            t_kill = run.t()
+            procfs.send(pid, signal.SIGKILL)
+            ts = run.fresh_snap_for(ti_id)
+            run.kill = Kill(
+                t_kill,
+                pid,
+                ts.task_id if ts else None,
+                ti_id,
+                ts.try_number if ts else None,
+                ts.state if ts else None,
+                f"stopped before its supervisor forked (missed {missed} earlier workloads)",
+            )
+            run.extra["missed_after_fork"] = missed
+            run.event(
+                f"SIGKILL worker {pid}: took {ts.task_id if ts else ti_id} "
+                f"try {ts.try_number if ts else '?'} "
+                f"but had not forked its task (API: {ts.state if ts else '?'}; "
+                f"{missed} earlier catches were already past the fork)",
+                t_kill,
+            )
+            return
+        time.sleep(0.001)
+    run.extra["missed_after_fork"] = missed
+    run.event(f"no worker caught between taking a workload and forking ({missed} caught too late)")
+
+
+def kill_idle_reader(run: Run) -> None:
+    """Before the trigger: SIGKILL the idle worker blocked in the input pipe's read (the lock holder)."""
+    deadline = time.monotonic() + 10
+    while True:
+        workers = procfs.workers_of(run.stack.scheduler_pid)
+        try:
+            holder, shared = procfs.find_read_lock_holder(workers)
+            break
+        except procfs.NoLockHolder as e:
+            if time.monotonic() > deadline:
+                raise StackError(f"cannot pick the idle worker to kill: {e}") from e
+            time.sleep(0.1)
+    table = ", ".join(f"{w.pid}:{w.wait}" for w in workers)
+    procfs.send(holder.pid, signal.SIGKILL)
+    what = (
+        "holding the input queue's read lock"
+        if shared
+        else "reading its own input pipe (no shared read lock: every idle worker is in a pipe read)"
+    )
+    run.extra.update(idle_workers_before_kill=table, shared_read_lock=shared, kill_monotonic=time.monotonic())
+    run.kill = Kill(0.0, holder.pid, None, None, None, None, f"idle worker {what}; workers were {table}")
+    run.say(f"  SIGKILL idle worker {holder.pid} {what} (wchan {holder.wchan}; workers {table})")
+
+
+def sigterm_scheduler(run: Run) -> str | None:
+    """SIGTERM the scheduler; a failure line if it is still there after --stop-bound seconds."""
+    proc = run.stack.procs["scheduler"]
+    if not proc.alive():
+        return f"scheduler had already exited ({proc.exit_code()}) before SIGTERM"
+    sched = proc.pid
+    run.event(f"SIGTERM scheduler {sched}")
+    t0 = time.monotonic()
+    procfs.send(sched, signal.SIGTERM)
+    popen = proc.popen
+    assert popen is not None
+    try:
+        popen.wait(run.opts.stop_bound)
+    except subprocess.TimeoutExpired:
+        waits = [f"scheduler:{_wchan_or_gone(sched)}"]
+        waits += [f"{w.pid}:{w.wchan}" for w in procfs.workers_of(sched)]
+        run.extra["scheduler_stop_seconds"] = None
+        run.event(
+            f"scheduler still alive {run.opts.stop_bound:g} s after SIGTERM "
+            f"(wchans {', '.join(waits)}); SIGKILL"
+        )
+        procfs.send(sched, signal.SIGKILL)
+        popen.wait(10)
+        return (
+            f"SIGTERM did not stop the scheduler within {run.opts.stop_bound:g} s "
+            f"(hung; wchans {', '.join(waits)})"
+        )
+    secs = time.monotonic() - t0
+    run.extra["scheduler_stop_seconds"] = round(secs, 2)
+    run.event(f"scheduler exited {proc.exit_code()} {secs:.1f} s after SIGTERM")
+    return None
+
+
+def _wchan_or_gone(pid: int) -> str:
+    try:
+        return procfs.wchan(pid)
+    except procfs.ProcGone:
+        return "gone"
+
+
+DURING: dict[str, Callable[[Run], None]] = {"kill-running": kill_running, "kill-queued": kill_queued}
+BEFORE: dict[str, Callable[[Run], None]] = {"kill-idle-reader": kill_idle_reader}
+
+
+# -- one scenario --------------------------------------------------------------------------------
+
+
+class ScenarioRunner:
+    def __init__(
+        self, opts: Options, venv_path: Path, workdir: Path, pg: Postgres | None, say: Callable[[str], None]
+    ):
+        self.opts = opts
+        self.venv_path = venv_path
+        self.workdir = workdir
+        self.pg = pg
+        self.say = say
+
+    def run(self, name: str) -> ScenarioResult:
+        home = self.workdir / name
+        cfg = StackConfig(
+            venv=self.venv_path,
+            home=home,
+            dag_file=DAG_FILE,
+            db_url=self.pg.new_database() if self.pg else None,
+            parallelism=self.opts.parallelism,
+            task_seconds=self.opts.task_seconds,
+        )
+        stack = AirflowStack(cfg, self.say)
+        api = RestApi(stack.api)
+        run = Run(name, stack, api, self.opts, self.say)
+        timings: dict[str, float | None] = {}
+        failures: list[str] = []
+        watch: WatchResult | None = None
+        health = None
+        stop_info: Json = {}
+        tasks: dict[str, TaskSnap] = {}
+        tries: dict[str, list[Json]] = {}
+        t0_wall = datetime.now(timezone.utc)
+        self.say(
+            f"\n== {name} ({self.opts.db}, parallelism {self.opts.parallelism}, "
+            f"deadline {self.opts.deadline:g} s)"
+        )
+        try:
+            t_launch = time.monotonic()
+            stack.launch()
+            timings["migrate_s"] = round((stack.launched_at or t_launch) - t_launch, 2)
+            timings["ready_s"] = round(stack.wait_ready(DAG_ID), 2)
+            self.say(
+                f"  stack ready {timings['ready_s']:.1f} s after launch "
+                f"(db migrate {timings['migrate_s']:.1f} s), "
+                f"api {stack.api}, scheduler pid {stack.scheduler_pid}"
+            )
+            if name in BEFORE:
+                BEFORE[name](run)
+                time.sleep(1.0)  # let the scheduler's next sync see the dead worker
+            t0_wall = datetime.now(timezone.utc)
+            run.watcher.start_clock()
+            if run.kill is not None and name in BEFORE:
+                run.kill.t = round(run.extra.pop("kill_monotonic") - run.watcher.t0, 2)
+                run.events.append(
+                    (run.kill.t, f"SIGKILL {run.kill.detail.split(';')[0]} (pid {run.kill.pid})")
+                )
+            stack.airflow("dags", "trigger", DAG_ID, "--run-id", run.run_id)
+            run.event(
+                f"airflow dags trigger {DAG_ID} --run-id {run.run_id} (returned after {run.t():.1f} s)", 0.0
+            )
+            watch = self._watch(run, failures)
+            timings["run_s"] = round(watch.elapsed, 2) if watch.final else None
+            timings["first_running_s"] = next(
+                (round(tr.t, 2) for tr in watch.transitions if tr.state == "running"), None
+            )
+            if watch.final:
+                run.event(f"run {watch.run_state}", watch.elapsed)
+            else:
+                run.event(f"deadline: run still {watch.run_state}", watch.elapsed)
+            health = api.health()
+            h = _health_text(health)
+            run.event(f"health endpoint: {h}")
+            tasks = {ts.task_id: ts for ts in (watch.last.tasks.values() if watch.last else [])}
+            tis = _safe(partial(api.task_instances, DAG_ID, run.run_id))
+            if tis:
+                tasks = {d["task_id"]: TaskSnap.from_api(d) for d in tis}
+            for task_id, ts in tasks.items():
+                if ts.try_number > 1 or (run.kill and run.kill.task_id == task_id):
+                    tries[task_id] = _safe(partial(api.tries, DAG_ID, run.run_id, task_id))
+            failures += judge(name, watch, self.opts.deadline, tasks, tries, run.kill)
+            if name == "kill-idle-reader":
+                problem = sigterm_scheduler(run)
+                if problem:
+                    failures.append(problem)
+        except StackError as e:
+            failures.append(str(e))
+        except ToolError as e:
+            failures.append(str(e))
+        finally:
+            run.done.set()
+            stop_info = stack.stop()
+            if stop_info.get("leftover_pids_killed"):
+                self.say(f"  killed leftover processes: {stop_info['leftover_pids_killed']['pids']}")
+        span = max([watch.elapsed if watch else 0.0] + [t for t, _ in run.events] + [1.0])
+        t0_for_rows = t0_wall
+        rows = rows_from_api(
+            [_ts_dict(ts) for ts in tasks.values()],
+            tries,
+            t0_for_rows,
+            marked=[run.kill.task_id] if run.kill and run.kill.task_id else [],
+        )
+        timeline = format_timeline(rows, run.events, span)
+        if rows:
+            timeline += "\n" + summarize(rows)
+        self.say("")
+        self.say(timeline)
+        passed = not failures
+        self.say(f"-- {name}: {'PASS' if passed else 'FAIL'}")
+        for f in failures:
+            self.say(f"   {f}")
+        if not passed:
+            for comp in ("scheduler",):
+                p = stack.procs.get(comp)
+                if p is not None:
+                    self.say(f"   last lines of {p.log}:\n{tail(p.log, 12)}")
+        return ScenarioResult(
+            name=name,
+            passed=passed,
+            failures=failures,
+            run_state=watch.run_state if watch else None,
+            final=bool(watch and watch.final),
+            timings=timings,
+            counts=(watch.last.count() if watch and watch.last else {}),
+            kill=run.kill,
+            events=run.events,
+            health_at_end=health,
+            stop=stop_info,
+            timeline=timeline,
+            logs=str(home / "logs"),
+            extra=run.extra,
+        )
+
+    def _watch(self, run: Run, failures: list[str]) -> WatchResult:
+        result: list[WatchResult] = []
+        th = threading.Thread(
+            target=lambda: result.append(run.watcher.watch(self.opts.deadline, run.done)), daemon=True
+        )
+        th.start()
+        try:
+            if run.name in DURING:
+                DURING[run.name](run)
+            while th.is_alive():
+                th.join(0.5)
+                try:
+                    run.stack.check_alive()
+                except StackError as e:
+                    failures.append(str(e))
+                    run.done.set()
+        finally:
+            run.done.set()
+            th.join(30)
+        if not result:
+            raise StackError("the run watcher did not return")
+        return result[0]
+
+
+def _safe(fn: Callable[[], list[Json]]) -> list[Json]:
+    """The API's answer, or nothing when the api-server does not give one."""
+    try:
+        return fn()
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _ts_dict(ts: TaskSnap) -> Json:
+    return {
+        "task_id": ts.task_id,
+        "id": ts.ti_id,
+        "state": ts.state,
+        "try_number": ts.try_number,
+        "queued_when": ts.queued_when,
+        "start_date": ts.start_date,
+        "end_date": ts.end_date,
+        "pid": ts.pid,
+    }
+
+
+def _health_text(h: Json | None) -> str:
+    if not h:
+        return "no answer"
+    return ", ".join(f"{k} {(v or {}).get('status')}" for k, v in h.items() if (v or {}).get("status"))
+
+
+# -- the session ---------------------------------------------------------------------------------
+
+
+def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
+    from tools.e2e_venv import AirflowVenv, resolve_source
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    workdir = opts.out / stamp
+    workdir.mkdir(parents=True, exist_ok=True)
+    if opts.db == "sqlite" and opts.parallelism > 16:
+        say(
+            f"warning: SQLite at parallelism {opts.parallelism}: "
+            "the scheduler may die with 'database is locked'"
+        )
+    venv = AirflowVenv(opts.line, opts.out, say)
+    venv.ensure()
+    source = resolve_source(opts.line, opts.stage)
+    how = venv.install_executor(source)
+    say(
+        f"e2e {opts.line.name} (apache-airflow {opts.line.version}): executor = {source.label}, "
+        f"sha256 {source.sha256[:12]}, installed via {how}; db {opts.db}; parallelism {opts.parallelism}"
+    )
+    results: list[ScenarioResult] = []
+    pg: Postgres | None = None
+    t_session = time.monotonic()
+    try:
+        if opts.db == "postgres":
+            pg = Postgres(say)
+            pg.start()
+            say(f"postgres {pg.bindir.parent.name} on 127.0.0.1:{pg.port}, data in {pg.root}")
+        runner = ScenarioRunner(opts, venv.path, workdir, pg, say)
+        for name in opts.scenarios:
+            results.append(runner.run(name))
+    finally:
+        if pg is not None:
+            pg.stop()
+    report = {
+        "line": opts.line.name,
+        "version": opts.line.version,
+        "stage": opts.stage,
+        "executor": {
+            "label": source.label,
+            "sha256": source.sha256,
+            "origin": source.origin,
+            "installed_via": how,
+        },
+        "db": opts.db,
+        "parallelism": opts.parallelism,
+        "deadline_s": opts.deadline,
+        "stop_bound_s": opts.stop_bound,
+        "task_seconds": opts.task_seconds,
+        "started": stamp,
+        "session_s": round(time.monotonic() - t_session, 1),
+        "passed": all(r.passed for r in results),
+        "scenarios": [asdict(r) for r in results],
+    }
+    path = workdir / "report.json"
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (opts.out / "report.json").write_text(path.read_text())
+    say("\n" + summary_table(opts, source.label, results))
+    say(f"report: {LAYOUT.rel(path)} (also {LAYOUT.rel(opts.out / 'report.json')})")
+    return 0 if report["passed"] else 1
+
+
+def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) -> str:
+    lines = [
+        f"e2e {opts.line.name} ({opts.line.version}), {label}, {opts.db}, parallelism {opts.parallelism}",
+        f"{'scenario':<18}{'result':<8}{'run':<10}{'ready':>7}{'run time':>10}  detail",
+    ]
+    for r in results:
+        run_t = f"{r.timings['run_s']:.1f}s" if r.timings.get("run_s") is not None else f">{opts.deadline:g}s"
+        ready = f"{r.timings['ready_s']:.1f}s" if r.timings.get("ready_s") is not None else "-"
+        detail = r.failures[0] if r.failures else ", ".join(f"{n} {s}" for s, n in r.counts.items())
+        if len(detail) > 110:
+            detail = detail[:107] + "..."
+        lines.append(
+            f"{r.name:<18}{'PASS' if r.passed else 'FAIL':<8}{(r.run_state or '-'):<10}"
+            f"{ready:>7}{run_t:>10}  {detail}"
+        )
+    return "\n".join(lines)
+
+
+# -- CLI -------------------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scenario",
+        action="append",
+        choices=SCENARIOS,
+        dest="scenarios",
+        help="run only this scenario (repeatable; default: all, in order)",
+    )
+    p.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
+    p.add_argument(
+        "--line", default=pins.PRIMARY.name, help="release line or pinned version (default %(default)s)"
+    )
+    p.add_argument(
+        "--stage",
+        type=int,
+        default=None,
+        help="executor stage: 0 = unpatched base, k = first k patches (default: the full series overlay)",
+    )
+    p.add_argument("--parallelism", type=int, default=8)
+    p.add_argument("--deadline", type=float, default=120.0, help="seconds from trigger to a final run state")
+    p.add_argument(
+        "--stop-bound", type=float, default=30.0, help="seconds SIGTERM may take to stop the scheduler"
+    )
+    p.add_argument("--task-seconds", type=float, default=2.0, help="how long each DAG task sleeps")
+    p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    try:
+        line = pins.get_line(args.line)
+    except KeyError as e:
+        raise ToolError(str(e.args[0])) from None
+    if args.stage is not None and args.stage < 0:
+        raise ToolError(f"--stage must be >= 0, got {args.stage}")
+    if args.parallelism < 2:
+        raise ToolError("--parallelism must be at least 2 (the scenarios kill a worker)")
+    return Options(
+        line=line,
+        stage=args.stage,
+        db=args.db,
+        parallelism=args.parallelism,
+        scenarios=list(dict.fromkeys(args.scenarios or SCENARIOS)),
+        deadline=args.deadline,
+        stop_bound=args.stop_bound,
+        task_seconds=args.task_seconds,
+        out=args.out.resolve(),
+    )
+
+
+def _cmd_e2e(args: argparse.Namespace) -> int:
+    return run_session(options_from(args))
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "e2e",
+        help="run the executor in a real Airflow and kill workers on purpose",
+        description=__doc__.splitlines()[0],
+    )
+    add_arguments(p)
+    p.set_defaults(func=_cmd_e2e)
+
+
+def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    # so that `finally` blocks stop every process this session started
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.e2e", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        return run_session(options_from(args))
+    except ToolError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; every started process was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

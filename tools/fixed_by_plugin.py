@@ -1,0 +1,51 @@
+"""pytest plugin loaded by verify (``-p tools.fixed_by_plugin``): records, per test, the
+patch its ``fixed_by`` marker names (and its ``introduced_by``, if any) and its outcome, into the JSON file named by
+``$LEPATCH_VERIFY_RECORD``. Outcomes: ``pass``, ``fail`` (the test itself failed, a
+timeout included), ``error`` (setup or teardown failed), ``skip``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
+
+# why: no runtime pytest import, so `python -m tools` (which imports this for RECORD_ENV)
+# works in an environment without pytest.
+RECORD_ENV = "LEPATCH_VERIFY_RECORD"
+_records: dict[str, dict[str, Any]] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    for item in session.items:
+        marker = item.get_closest_marker("fixed_by")
+        if marker is not None:
+            patch = marker.args[0] if marker.args else marker.kwargs.get("patch")
+            rec = _records.setdefault(item.nodeid, {})
+            rec["fixed_by"] = patch
+            # A bug that an earlier patch of the series introduced: the test fails only from
+            # that patch until the one that fixes it.
+            if introduced := marker.kwargs.get("introduced_by"):
+                rec["introduced_by"] = introduced
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    rec = _records.setdefault(report.nodeid, {})
+    if report.failed:
+        rec["outcome"] = "fail" if report.when == "call" else rec.get("outcome", "error")
+        if report.when != "call" and rec["outcome"] != "fail":
+            rec["outcome"] = "error"
+    elif report.skipped:
+        rec.setdefault("outcome", "skip")
+    elif report.when == "call":
+        rec.setdefault("outcome", "pass")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get(RECORD_ENV)
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(_records, f, indent=2, sort_keys=True)

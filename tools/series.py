@@ -1,0 +1,393 @@
+"""The patch series: ``patches/series``, the format-patch mails it names, and resolutions.
+
+A patch is parsed into its mail headers (author, date, subject), its message, the DEP-3
+block that closes the message, the files it touches and its hunks (so a failed apply can
+be reported as "hunk #2 at file:line"). ``lint_series`` checks the series against the
+conventions in CONTRIBUTING.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import email.header
+import email.parser
+import email.policy
+import re
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+from tools import pins
+from tools.errors import ToolError
+from tools.layout import DEFAULT, REPO_TESTS_DIR, Layout
+
+REQUIRED_FIELDS = ("Origin", "Bug", "Forwarded", "Applied-Upstream", "Last-Update")
+_FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
+_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_BLOB_RE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
+_FIXED_BY_RE = re.compile(
+    r"""\bmark\.fixed_by\(\s*(?:patch\s*=\s*)?(?:["']([^"']+)["']|([A-Za-z_][A-Za-z0-9_]*)\s*\))"""
+)
+_URL_RE = re.compile(r"^https?://\S+$")
+
+
+@dataclass(frozen=True)
+class Hunk:
+    number: int  # 1-based within its file, as patch(1) counts
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+
+
+@dataclass
+class FileDiff:
+    old_path: str | None  # None for a new file
+    new_path: str | None  # None for a deleted file
+    old_blob: str = ""
+    new_blob: str = ""
+    hunks: list[Hunk] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return self.new_path or self.old_path or ""
+
+    @property
+    def full_index(self) -> bool:
+        return len(self.old_blob) >= 40 and len(self.new_blob) >= 40
+
+
+@dataclass
+class Patch:
+    name: str
+    text: str
+    subject: str = ""
+    author: str = ""
+    date: str = ""
+    message: str = ""  # the commit message after the subject (DEP-3 block included)
+    fields: dict[str, str] = field(default_factory=dict)
+    files: list[FileDiff] = field(default_factory=list)
+    diff: str = ""
+
+    @property
+    def touched(self) -> list[str]:
+        return [f.path for f in self.files]
+
+    @property
+    def full_index(self) -> bool:
+        return bool(self.files) and all(f.full_index or not f.hunks for f in self.files)
+
+    def field(self, name: str) -> str | None:
+        for key, value in self.fields.items():
+            if key.lower() == name.lower():
+                return value
+        return None
+
+    def hunk_at(self, path: str, line: int) -> Hunk | None:
+        """The hunk git reports as ``patch failed: path:line`` (its old start line)."""
+        for f in self.files:
+            if path in (f.old_path, f.new_path):
+                exact = [h for h in f.hunks if h.old_start == line]
+                if exact:
+                    return exact[0]
+                before = [h for h in f.hunks if h.old_start <= line]
+                return before[-1] if before else (f.hunks[0] if f.hunks else None)
+        return None
+
+
+@dataclass
+class Series:
+    layout: Layout
+    names: list[str]  # in order, as listed in patches/series
+    patches: dict[str, Patch]  # only the names whose file exists and parses
+    resolutions: dict[tuple[str, str], Patch]  # (line name, patch name) -> resolution
+    problems: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def ordered(self) -> list[Patch]:
+        return [self.patches[n] for n in self.names if n in self.patches]
+
+    def index(self, name: str) -> int:
+        """1-based position in the series: stage ``index`` is the first that has the patch."""
+        return self.names.index(name) + 1
+
+    def resolution(self, line: str, name: str) -> Patch | None:
+        return self.resolutions.get((line, name))
+
+
+def _unfold(value: str) -> str:
+    return re.sub(r"\r?\n[ \t]", " ", value).strip()
+
+
+def _decode_header(value: str) -> str:
+    return str(email.header.make_header(email.header.decode_header(_unfold(value))))
+
+
+def _strip_subject(subject: str) -> str:
+    return re.sub(r"^(\s*\[[^\]]*\])+\s*", "", subject).strip()
+
+
+def parse_dep3(message: str) -> dict[str, str]:
+    """Fields of the message's last paragraph, if every line of it is a DEP-3 field."""
+    paragraphs = [p for p in re.split(r"\n[ \t]*\n", message.strip("\n")) if p.strip()]
+    if not paragraphs:
+        return {}
+    fields: dict[str, str] = {}
+    last: str | None = None
+    for raw in paragraphs[-1].splitlines():
+        m = _FIELD_RE.match(raw)
+        if m and not raw[0].isspace():
+            last = m.group(1)
+            fields[last] = m.group(2).strip()
+        elif raw[:1] in (" ", "\t") and last is not None:
+            fields[last] = (fields[last] + " " + raw.strip()).strip()
+        else:
+            return {}
+    return fields
+
+
+def _parse_diff(lines: list[str], start: int) -> tuple[list[FileDiff], int]:
+    """Parse ``diff --git`` sections from ``lines[start]``; return them and the end index."""
+    files: list[FileDiff] = []
+    i = start
+    n = len(lines)
+    while i < n and lines[i].startswith("diff --git "):
+        m = re.match(r"^diff --git a/(.*) b/(.*)$", lines[i].rstrip("\n"))
+        a, b = (m.group(1), m.group(2)) if m else ("", "")
+        fd = FileDiff(old_path=a, new_path=b)
+        i += 1
+        while i < n and not lines[i].startswith(("@@ ", "diff --git ")):
+            ln = lines[i].rstrip("\n")
+            if ln.startswith("--- "):
+                fd.old_path = None if ln[4:] == "/dev/null" else ln[4:].removeprefix("a/")
+            elif ln.startswith("+++ "):
+                fd.new_path = None if ln[4:] == "/dev/null" else ln[4:].removeprefix("b/")
+            elif ln.startswith("new file mode"):
+                fd.old_path = None
+            elif ln.startswith("deleted file mode"):
+                fd.new_path = None
+            elif ln.startswith("rename to "):
+                fd.new_path = ln[len("rename to ") :]
+            elif (bm := _BLOB_RE.match(ln)) is not None:
+                fd.old_blob, fd.new_blob = bm.group(1), bm.group(2)
+            elif not ln or not (ln[0].isalpha() or ln.startswith(("GIT binary", "literal", "delta"))):
+                break
+            i += 1
+        while i < n and lines[i].startswith("@@ "):
+            hm = _HUNK_RE.match(lines[i])
+            if not hm:
+                break
+            old_len = int(hm.group(2)) if hm.group(2) is not None else 1
+            new_len = int(hm.group(4)) if hm.group(4) is not None else 1
+            fd.hunks.append(Hunk(len(fd.hunks) + 1, int(hm.group(1)), old_len, int(hm.group(3)), new_len))
+            i += 1
+            old_left, new_left = old_len, new_len
+            while i < n and (old_left > 0 or new_left > 0):
+                c = lines[i][:1]
+                if c == " " or lines[i] in ("\n", ""):
+                    old_left -= 1
+                    new_left -= 1
+                elif c == "-":
+                    old_left -= 1
+                elif c == "+":
+                    new_left -= 1
+                elif c != "\\":
+                    break
+                i += 1
+            while i < n and lines[i].startswith("\\"):
+                i += 1
+        files.append(fd)
+    return files, i
+
+
+def parse_patch(name: str, text: str) -> Patch:
+    """Parse a format-patch mail (or a bare diff) into a :class:`Patch`."""
+    patch = Patch(name=name, text=text)
+    lines = text.splitlines(keepends=True)
+    first_diff = next((i for i, ln in enumerate(lines) if ln.startswith("diff --git ")), len(lines))
+    head = "".join(lines[:first_diff])
+    if head.startswith("From ") or re.match(r"^[A-Za-z-]+: ", head):
+        header_text, _, body = head.partition("\n\n")
+        msg = email.parser.Parser(policy=email.policy.compat32).parsestr(
+            header_text + "\n\n", headersonly=True
+        )
+        patch.author = _decode_header(msg.get("From", "") or "")
+        patch.date = _unfold(msg.get("Date", "") or "")
+        patch.subject = _strip_subject(_decode_header(msg.get("Subject", "") or ""))
+        body_lines: list[str] = []
+        for ln in body.splitlines():
+            if ln == "---" or ln.startswith(("diff --git ", "Index: ")):
+                break
+            body_lines.append(ln)
+        patch.message = "\n".join(body_lines).strip("\n")
+        patch.fields = parse_dep3(patch.message)
+    files, end = _parse_diff(lines, first_diff)
+    patch.files = files
+    patch.diff = "".join(lines[first_diff:end])
+    return patch
+
+
+def read_patch(path: Path, name: str | None = None) -> Patch:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ToolError(f"{path}: not UTF-8 ({exc})") from None
+    return parse_patch(name or path.name, text)
+
+
+def read_series_names(series_file: Path) -> list[str]:
+    if not series_file.exists():
+        return []
+    names = []
+    for raw in series_file.read_text(encoding="utf-8").splitlines():
+        entry = raw.split("#", 1)[0].strip()
+        if entry:
+            names.append(entry.split()[0])
+    return names
+
+
+def load_series(layout: Layout = DEFAULT) -> Series:
+    """Read the series; problems (missing files, ...) are collected, not raised."""
+    names = read_series_names(layout.series_file)
+    patches: dict[str, Patch] = {}
+    problems: list[str] = []
+    for name in names:
+        path = layout.patches / name
+        if not path.is_file():
+            problems.append(f"patches/series lists {name}, but patches/{name} does not exist")
+            continue
+        patches[name] = read_patch(path)
+    resolutions: dict[tuple[str, str], Patch] = {}
+    if layout.resolutions.is_dir():
+        for line_dir in sorted(p for p in layout.resolutions.iterdir() if p.is_dir()):
+            for res in sorted(p for p in line_dir.iterdir() if p.is_file()):
+                resolutions[(line_dir.name, res.name)] = read_patch(res)
+    return Series(layout, names, patches, resolutions, problems)
+
+
+def _check_fields(p: Patch) -> list[str]:
+    errors = []
+    where = f"patches/{p.name}"
+    if not p.subject:
+        errors.append(f"{where}: missing required header Subject")
+    if not p.author:
+        errors.append(f"{where}: missing required header From")
+    for name in REQUIRED_FIELDS:
+        if not p.field(name):
+            errors.append(f"{where}: missing required header {name} (DEP-3 block, last paragraph)")
+    origin = p.field("Origin")
+    if origin and origin != "vendor" and not re.match(r"^upstream, https?://\S+$", origin):
+        errors.append(f"{where}: Origin must be 'upstream, <PR url>' or 'vendor', not {origin!r}")
+    forwarded = p.field("Forwarded")
+    if forwarded and forwarded not in ("no", "not-needed") and not _URL_RE.match(forwarded):
+        errors.append(f"{where}: Forwarded must be a URL, 'no' or 'not-needed', not {forwarded!r}")
+    last_update = p.field("Last-Update")
+    if last_update:
+        try:
+            date.fromisoformat(last_update)
+        except ValueError:
+            errors.append(f"{where}: Last-Update must be YYYY-MM-DD, not {last_update!r}")
+    if not p.files:
+        errors.append(f"{where}: contains no diff")
+    elif not p.full_index:
+        errors.append(f"{where}: no full blob ids (export with git format-patch --full-index)")
+    return errors
+
+
+def _marker_names(text: str) -> list[tuple[int, str]]:
+    """(offset, patch name) per ``fixed_by(...)``: a string literal, or a module-level
+    ``NAME = "..."`` constant of the same source."""
+    found = []
+    for m in _FIXED_BY_RE.finditer(text):
+        name = m.group(1)
+        if name is None:
+            const = re.search(rf"""^{m.group(2)}\s*(?::[^=\n]*)?=\s*["']([^"']+)["']""", text, re.M)
+            name = const.group(1) if const else f"<unresolved {m.group(2)}>"
+        found.append((m.start(), name))
+    return found
+
+
+def fixed_by_markers(layout: Layout, series: Series) -> list[tuple[str, int, str]]:
+    """(where, line number, patch name) of every ``fixed_by(...)`` in the test sources."""
+    found: list[tuple[str, int, str]] = []
+    if layout.tests_executor.is_dir():
+        for path in sorted(layout.tests_executor.rglob("*.py")):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            for offset, name in _marker_names(text):
+                found.append((layout.rel(path), text.count("\n", 0, offset) + 1, name))
+    for p in series.ordered():
+        for f in p.files:
+            if not f.path.startswith(REPO_TESTS_DIR):
+                continue
+            added = "\n".join(
+                ln[1:]
+                for ln in _file_section(p.diff, f.path).splitlines()
+                if ln.startswith("+") and not ln.startswith("+++")
+            )
+            found.extend((f"patches/{p.name} ({f.path})", 0, name) for _, name in _marker_names(added))
+    return found
+
+
+def _file_section(diff: str, path: str) -> str:
+    parts = re.split(r"^(?=diff --git )", diff, flags=re.M)
+    return "".join(
+        part for part in parts if part.startswith(f"diff --git a/{path} ") or f" b/{path}\n" in part[:400]
+    )
+
+
+def lint_series(layout: Layout = DEFAULT) -> list[str]:
+    """Every problem with the series, one line each; empty when the series is sound."""
+    series = load_series(layout)
+    errors = list(series.problems)
+    seen: set[str] = set()
+    for name in series.names:
+        if name in seen:
+            errors.append(f"patches/series lists {name} twice")
+        seen.add(name)
+    for p in series.ordered():
+        errors.extend(_check_fields(p))
+    if layout.patches.is_dir():
+        for path in sorted(layout.patches.glob("*.patch")):
+            if path.name not in seen:
+                errors.append(f"patches/{path.name} is not listed in patches/series")
+    line_names = {line.name for line in pins.LINES}
+    if layout.resolutions.is_dir():
+        for entry in sorted(layout.resolutions.iterdir()):
+            if not entry.is_dir():
+                errors.append(f"patches/resolutions/{entry.name}: expected a directory per release line")
+            elif entry.name not in line_names:
+                errors.append(
+                    f"patches/resolutions/{entry.name}/ is for an unknown line "
+                    f"(pinned: {', '.join(sorted(line_names))})"
+                )
+    for (line_name, name), res in sorted(series.resolutions.items()):
+        if name not in seen:
+            errors.append(f"patches/resolutions/{line_name}/{name} resolves a patch not in patches/series")
+        elif not res.files:
+            errors.append(f"patches/resolutions/{line_name}/{name} contains no diff")
+    for where, lineno, name in fixed_by_markers(layout, series):
+        if name not in seen:
+            at = f"{where}:{lineno}" if lineno else where
+            errors.append(f"{at}: fixed_by({name!r}) names a patch not in patches/series")
+    return errors
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    errors = lint_series()
+    for e in errors:
+        print(e)
+    n = len(read_series_names(DEFAULT.series_file))
+    if errors:
+        print(f"lint-series: {len(errors)} problem(s)")
+        return 1
+    print(f"lint-series: {n} patch(es), no problems")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "lint-series", help="check patches/series, DEP-3 headers, resolutions, fixed_by markers"
+    )
+    p.set_defaults(func=_cmd_lint)

@@ -1,0 +1,176 @@
+"""Per-line virtual environments: the pinned wheel, pytest and pytest-timeout, constrained.
+
+``ensure(line)`` makes (or reuses) ``build/venvs/<line>`` with ``uv`` from the cached,
+sha256-verified wheel and ``constraints/<line>.txt``; a stamp file records what it was
+made from, so a changed pin or lock rebuilds it. ``install_executor(python, source)``
+swaps the venv's ``airflow/executors/local_executor.py`` for the given bytes, which is
+how verify walks the stages and how the tests session installs the overlay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tools import fetch, pins
+from tools.errors import ToolError
+from tools.layout import DEFAULT, Layout
+from tools.pins import Line
+
+TEST_PACKAGES = ("pytest", "pytest-timeout")
+JWT_SECRET = "lepatch-tests-not-a-secret"
+# why: without it uv tries to download a managed CPython, which this network refuses slowly.
+UV_ENV = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+
+
+def find_uv() -> str:
+    """uv from PATH, else beside the running interpreter (``pip install 'nox[uv]'`` puts it there)."""
+    found = shutil.which("uv")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / ("uv.exe" if os.name == "nt" else "uv")
+    if beside.exists():
+        return str(beside)
+    raise ToolError(
+        "uv not found on PATH or beside this Python; install it: python3 -m pip install 'nox[uv]'"
+    )
+
+
+def run_uv(*args: str, env: Mapping[str, str] | None = None) -> str:
+    cmd = [find_uv(), *args]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, **UV_ENV, **(env or {})}, check=False
+    )
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()] or ["(no output)"]
+        detail = next((ln for ln in lines if "error" in ln.lower()), lines[-1])
+        raise ToolError(f"`uv {' '.join(args[:3])} ...` failed with exit {proc.returncode}: {detail.strip()}")
+    return proc.stdout
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _file_digest(path: Path) -> str | None:
+    return fetch.sha256_file(path) if path.exists() else None
+
+
+def _make(
+    venv: Path, python: str, packages: Sequence[str], constraints: Path, stamp: Mapping[str, object]
+) -> Path:
+    stamp_file = venv / "lepatch-stamp.json"
+    py = _venv_python(venv)
+    if py.exists() and stamp_file.exists():
+        try:
+            if json.loads(stamp_file.read_text()) == stamp:
+                return py
+        except ValueError:
+            pass
+    if venv.exists():
+        shutil.rmtree(venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    run_uv("venv", "--quiet", "-p", python, str(venv))
+    args = ["pip", "install", "--quiet", "--python", str(py), "-c", str(constraints), *packages]
+    run_uv(*args, env={"UV_COMPILE_BYTECODE": "1"})
+    stamp_file.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+    return py
+
+
+def _python_identity(python: str) -> str:
+    out = subprocess.run(
+        [python, "-c", "import sys; print(sys.version.split()[0], sys.base_prefix)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None) -> Path:
+    """Python of ``build/venvs/<line>`` with the pinned wheel and the test packages; made once."""
+    if not isinstance(line, Line):
+        line = pins.get_line(line)
+    python = python or sys.executable
+    constraints = layout.constraints / f"{line.name}.txt"
+    if not constraints.exists():
+        raise ToolError(
+            f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
+        )
+    wheel = fetch.ensure_wheel(line, layout)
+    stamp = {
+        "python": _python_identity(python),
+        "wheel_sha256": line.wheel_sha256,
+        "constraints_sha256": _file_digest(constraints),
+        "packages": list(TEST_PACKAGES),
+    }
+    return _make(layout.build / "venvs" / line.name, python, [str(wheel), *TEST_PACKAGES], constraints, stamp)
+
+
+def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:
+    """A venv with only pytest and pytest-timeout (tests/tools needs no Airflow)."""
+    python = python or sys.executable
+    constraints = layout.constraints / "tools.txt"
+    stamp = {
+        "python": _python_identity(python),
+        "constraints_sha256": _file_digest(constraints),
+        "packages": list(TEST_PACKAGES),
+    }
+    return _make(layout.build / "venvs" / "tools", python, list(TEST_PACKAGES), constraints, stamp)
+
+
+def purelib(python: Path | str) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def install_executor(python: Path | str, source: bytes) -> Path:
+    """Make ``source`` the venv's ``airflow/executors/local_executor.py``; return its path."""
+    target = purelib(python) / pins.PACKAGE_PATH
+    if not target.exists():
+        raise ToolError(f"{python} has no {pins.PACKAGE_PATH}: not a venv made by tools.venvs.ensure")
+    if target.read_bytes() != source:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".local_executor-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(source)
+        os.replace(tmp, target)
+    for pyc in (target.parent / "__pycache__").glob("local_executor.*.pyc"):
+        pyc.unlink()
+    return target
+
+
+def test_env(airflow_home: Path, layout: Layout = DEFAULT) -> dict[str, str]:
+    """Environment for running the executor tests: no database, tools importable."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(airflow_home),
+            "AIRFLOW__API_AUTH__JWT_SECRET": JWT_SECRET,
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(layout.root), env.get("PYTHONPATH", "")])),
+        }
+    )
+    return env
+
+
+def _cmd_venv(args: argparse.Namespace) -> int:
+    print(ensure_tools() if args.line == "tools" else ensure(args.line))
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("venv", help="make (or reuse) a line's test venv and print its python")
+    p.add_argument("--line", required=True, help="a release line, or 'tools' for the tooling tests")
+    p.set_defaults(func=_cmd_venv)

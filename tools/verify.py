@@ -1,0 +1,281 @@
+"""``verify``: every regression test fails before its patch and passes from it on, per line.
+
+For each line and each stage k (base + first k patches), the stage's
+``local_executor.py`` is installed into the line's venv and ``pytest tests/executor -m
+fixed_by`` runs with a small plugin recording each test's outcome and the patch its
+``fixed_by`` marker names. A test fixed by the series' i-th patch (1-based) is expected
+to fail on stages 0..i-1 and pass on stages i..N; any other cell is unexpected (``!``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tools import apply as engine_mod
+from tools import venvs
+from tools.errors import ToolError
+from tools.fixed_by_plugin import RECORD_ENV
+from tools.layout import Layout
+from tools.series import fixed_by_markers
+
+PASS, FAIL, ERROR, SKIP, MISSING = "pass", "fail", "error", "skip", "missing"
+
+
+@dataclass
+class Cell:
+    outcome: str
+    expected: str
+
+    @property
+    def unexpected(self) -> bool:
+        return self.outcome != self.expected
+
+    def label(self) -> str:
+        text = {PASS: "pass", FAIL: "FAIL", ERROR: "ERR", SKIP: "skip", MISSING: "-"}.get(self.outcome, "?")
+        return text + ("!" if self.unexpected else "")
+
+
+@dataclass
+class Evaluation:
+    stages: list[int]
+    rows: dict[str, dict[int, Cell]] = field(default_factory=dict)
+    fixed_by: dict[str, str | None] = field(default_factory=dict)
+    introduced_by: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not any(c.unexpected for row in self.rows.values() for c in row.values())
+
+
+def expected_outcome(stage: int, fix_index: int, introduced_index: int = 0) -> str:
+    """
+    A test fixed by the ``fix_index``-th patch (1-based) fails before it, passes from it.
+
+    A bug introduced by an earlier patch of the series (``introduced_index``) fails only on the
+    stages from that patch until the fix, and passes before it too.
+    """
+    return FAIL if introduced_index <= stage < fix_index else PASS
+
+
+def evaluate(
+    outcomes: Mapping[int, Mapping[str, str]],
+    fixed_by: Mapping[str, str | None],
+    series: Sequence[str],
+    introduced_by: Mapping[str, str] | None = None,
+) -> Evaluation:
+    """Compare per-stage outcomes (stage -> nodeid -> outcome) with the expectations."""
+    stages = sorted(outcomes)
+    ev = Evaluation(stages, fixed_by=dict(fixed_by))
+    introduced_by = introduced_by or {}
+    for nodeid in sorted(fixed_by):
+        patch = fixed_by[nodeid]
+        if patch is None or patch not in series:
+            ev.errors.append(f"{nodeid}: fixed_by({patch!r}) names a patch not in patches/series")
+            continue
+        index = list(series).index(patch) + 1
+        introduced = 0
+        if nodeid in introduced_by:
+            cause = introduced_by[nodeid]
+            if cause not in series or list(series).index(cause) + 1 >= index:
+                ev.errors.append(f"{nodeid}: introduced_by({cause!r}) is not a patch before {patch}")
+                continue
+            introduced = list(series).index(cause) + 1
+        ev.introduced_by[nodeid] = introduced
+        ev.rows[nodeid] = {
+            k: Cell(outcomes[k].get(nodeid, MISSING), expected_outcome(k, index, introduced)) for k in stages
+        }
+    return ev
+
+
+def render(title: str, ev: Evaluation, series: Sequence[str]) -> str:
+    names = {nodeid: re.sub(r"^tests/executor/", "", nodeid) for nodeid in ev.rows}
+    first = max([len(title), *(len(n) for n in names.values())])
+    cols = [str(k) for k in ev.stages]
+    width = 5
+    lines = ["  ".join([title.ljust(first), "fixed by".ljust(8), *(c.ljust(width) for c in cols)])]
+    for nodeid, row in ev.rows.items():
+        patch = ev.fixed_by.get(nodeid) or "?"
+        short = patch.split("-", 1)[0]
+        if ev.introduced_by.get(nodeid):
+            short = f"{ev.introduced_by[nodeid]:04d}>{short}"
+        cells = [row[k].label().ljust(width) for k in ev.stages]
+        lines.append("  ".join([names[nodeid].ljust(first), short.ljust(8), *cells]))
+    return "\n".join(ln.rstrip() for ln in lines)
+
+
+def parse_stage_range(text: str | None, final: int) -> list[int]:
+    if not text:
+        return list(range(final + 1))
+    m = re.fullmatch(r"(\d*)(-?)(\d*)", text.strip())
+    if not m or not (m.group(1) or m.group(3)):
+        raise ToolError(f"--stage-range wants K, A-B, A- or -B, not {text!r}")
+    lo = int(m.group(1)) if m.group(1) else 0
+    hi = int(m.group(3)) if m.group(3) else (final if m.group(2) else lo)
+    if not 0 <= lo <= hi <= final:
+        raise ToolError(f"--stage-range {text} is outside stages 0..{final}")
+    return list(range(lo, hi + 1))
+
+
+def run_stage(
+    python: Path,
+    source: bytes,
+    out_dir: Path,
+    tag: str,
+    select: str | None,
+    layout_root: Path,
+) -> tuple[dict[str, str], dict[str, str | None], dict[str, str], str | None]:
+    """Run the marked tests against one stage: (outcomes, fixed_by, introduced_by, error or None)."""
+    venvs.install_executor(python, source)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = out_dir / f"{tag}.json"
+    record.unlink(missing_ok=True)
+    cmd = [
+        str(python), "-m", "pytest", "tests/executor", "-m", "fixed_by", "-p", "no:cacheprovider",
+        "-p", "tools.fixed_by_plugin", f"--junitxml={out_dir / f'{tag}.xml'}", "-q", "-rN",
+    ]  # fmt: skip
+    if select:
+        cmd += ["-k", select]
+    with tempfile.TemporaryDirectory(prefix="lepatch-airflow-home-") as home:
+        env = venvs.test_env(Path(home))
+        env[RECORD_ENV] = str(record)
+        proc = subprocess.run(cmd, cwd=layout_root, env=env, capture_output=True, text=True, check=False)
+    (out_dir / f"{tag}.log").write_text(proc.stdout + proc.stderr)
+    error = None
+    if proc.returncode not in (0, 1, 5) or not record.exists():
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["(no output)"]
+        error = f"pytest exited {proc.returncode}: {tail[0]} (log: {out_dir / f'{tag}.log'})"
+    data: dict[str, dict[str, Any]] = json.loads(record.read_text()) if record.exists() else {}
+    outcomes = {n: r["outcome"] for n, r in data.items() if "outcome" in r}
+    fixed = {n: r.get("fixed_by") for n, r in data.items() if "fixed_by" in r}
+    introduced = {n: r["introduced_by"] for n, r in data.items() if "introduced_by" in r}
+    return outcomes, fixed, introduced, error
+
+
+def _verify_line(
+    res: engine_mod.LineResult,
+    series: list[str],
+    layout: Layout,
+    stage_range: str | None,
+    select: str | None,
+    out: Any,
+) -> tuple[Evaluation, list[int]]:
+    name = res.line.name
+    python = venvs.ensure(res.line, layout)
+    stages = parse_stage_range(stage_range, res.final)
+    outcomes: dict[int, dict[str, str]] = {}
+    fixed_by: dict[str, str | None] = {}
+    introduced_by: dict[str, str] = {}
+    errors: list[str] = []
+    try:
+        for k in stages:
+            started = time.monotonic()
+            got, fixed, introduced, error = run_stage(
+                python, res.code(k), layout.build / "verify" / name, f"stage-{k}", select, layout.root
+            )
+            outcomes[k] = got
+            fixed_by.update(fixed)
+            introduced_by.update(introduced)
+            if error:
+                errors.append(f"{name} stage {k}: {error}")
+            counts = {o: list(got.values()).count(o) for o in (PASS, FAIL, ERROR, SKIP)}
+            summary = ", ".join(f"{v} {o}" for o, v in counts.items() if v) or "no tests ran"
+            print(f"{name} stage {k}: {summary} ({time.monotonic() - started:.1f} s)", file=out, flush=True)
+    finally:
+        # why: the venv is shared with the tests session; leave it on the final overlay.
+        venvs.install_executor(python, res.code())
+    ev = evaluate(outcomes, fixed_by, series, introduced_by)
+    ev.errors.extend(errors)
+    return ev, stages
+
+
+def run_verify(
+    engine: engine_mod.Engine,
+    lines: Sequence[str] | None = None,
+    stage_range: str | None = None,
+    select: str | None = None,
+    allow_drift: bool = False,
+    jobs: int = 1,
+    out: Any = sys.stdout,
+) -> int:
+    layout = engine.layout
+    marked = [m for m in fixed_by_markers(layout, engine.series) if m[0].startswith("tests/")]
+    if not marked:
+        print("verify: tests/executor has no test marked fixed_by yet: nothing to verify", file=out)
+        return 0
+    results = engine.apply_all(lines)
+    failed = [p for r in results.values() for p in r.patches if p.status == engine_mod.FAILED]
+    if failed:
+        raise ToolError(f"{failed[0].detail}\n{failed[0].hint}")
+    drift = [d for d in engine.drift(results) if "tests/executor" in d]
+    if drift and not allow_drift:
+        raise ToolError(f"{drift[0]}; run `nox -s apply -- --write` first (or pass --allow-drift)")
+    series = engine.series.names
+    for res in results.values():
+        venvs.ensure(res.line, layout)  # sequentially: uv shares its cache between them
+    # why: each line has its own venv, so lines can run side by side (--jobs 2 on 2 cores).
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {
+            name: pool.submit(_verify_line, res, series, layout, stage_range, select, out)
+            for name, res in results.items()
+        }
+        evaluations = {name: f.result() for name, f in futures.items()}
+    report: dict[str, Any] = {"series": series, "lines": {}}
+    ok = True
+    for name, (ev, stages) in evaluations.items():
+        print(render(f"{name} ({results[name].line.version})", ev, series), file=out)
+        for e in ev.errors:
+            print(f"error: {e}", file=out)
+        ok &= ev.ok
+        report["lines"][name] = {
+            "version": results[name].line.version,
+            "stages": stages,
+            "errors": ev.errors,
+            "tests": {
+                nodeid: {
+                    "fixed_by": ev.fixed_by.get(nodeid),
+                    "introduced_by_stage": ev.introduced_by.get(nodeid) or None,
+                    "cells": {
+                        str(k): {"outcome": c.outcome, "expected": c.expected, "unexpected": c.unexpected}
+                        for k, c in row.items()
+                    },
+                }
+                for nodeid, row in ev.rows.items()
+            },
+        }
+    report["ok"] = ok
+    path = layout.build / "verify.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    unexpected = sum(
+        c.unexpected for ev, _ in evaluations.values() for row in ev.rows.values() for c in row.values()
+    )
+    print(f"verify: {'ok' if ok else 'FAILED'} ({unexpected} unexpected cell(s); {path})", file=out)
+    return 0 if ok else 1
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    return run_verify(
+        engine_mod.default_engine(), args.line, args.stage_range, args.k, args.allow_drift, args.jobs
+    )
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("verify", help="run the fixed_by tests on every stage of every line")
+    p.add_argument("--line", action="append", help="only this line (repeatable)")
+    p.add_argument("--stage-range", help="K, A-B, A- or -B (default: every stage)")
+    p.add_argument("-k", help="pytest -k expression, passed through")
+    p.add_argument("--jobs", type=int, default=1, help="lines run side by side (default 1)")
+    p.add_argument("--allow-drift", action="store_true", help="run even if tests/executor drifted")
+    p.set_defaults(func=_cmd_verify)
