@@ -131,3 +131,21 @@ def e2e(session: nox.Session) -> None:
     ``nox -s e2e -- --stage 0 --scenario kill-queued --db postgres``; not part of ``tests``.
     """
     session.run(PYTHON, "-m", "tools.e2e", *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def overlay(session: nox.Session) -> None:
+    """Install, inspect or restore the overlay: ``nox -s overlay -- install --python ENV/bin/python``."""
+    run_tools(session, "overlay", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def backport(session: nox.Session) -> None:
+    """Backport the series: ``nox -s backport -- --repo ../airflow v3-3-test v3-2-test v3-1-test``."""
+    run_tools(session, "backport", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def pr(session: nox.Session) -> None:
+    """Prepare one patch as an upstream PR: ``nox -s pr -- --repo ../airflow 3``."""
+    run_tools(session, "pr", *session.posargs)

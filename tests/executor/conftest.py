@@ -25,7 +25,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import environment  # noqa: E402
+from harness import environment
 
 # In-process tests import airflow too: give them the same private, database-free home.
 for _name, _value in environment().items():

@@ -39,6 +39,7 @@ module-level ``_execute_work(log, workload[, team_conf])``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -125,10 +126,8 @@ def _describe(threads: list[_Thread]) -> str:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_scenario(

@@ -61,7 +61,9 @@ def terminate_busy_workers(grace: float) -> dict:
         executor,
         [
             make_workload("polite", fake={"started_dir": started_dir, "sleep": 120}),
-            make_workload("stubborn", fake={"started_dir": started_dir, "sleep": 120, "ignore_sigterm": True}),
+            make_workload(
+                "stubborn", fake={"started_dir": started_dir, "sleep": 120, "ignore_sigterm": True}
+            ),
         ],
     )
     executor.sync()  # spawn start method: workers are started from sync()

@@ -412,7 +412,7 @@ class LocalExecutor(BaseExecutor):
 
     def _undo_dispatches(self, unsent: list, queues: list[dict]) -> None:
         """Give back workloads that were registered but never sent: they stay queued, as before."""
-        for workload, queue in zip(unsent, queues):
+        for workload, queue in zip(unsent, queues, strict=True):
             self._end_dispatch(workload.ti.key, None, None, report=False)
             queue[workload.ti.key] = workload
         with self._unread_messages:

@@ -474,7 +474,7 @@ class LocalExecutor(BaseExecutor):
 
     def _undo_dispatches(self, unsent: list, queues: list[dict]) -> None:
         """Give back workloads that were registered but never sent: they stay queued, as before."""
-        for workload, queue in zip(unsent, queues):
+        for workload, queue in zip(unsent, queues, strict=True):
             key, _ = _key_and_failure_state(workload)
             self._end_dispatch(key, None, None, report=False)
             queue[key] = workload
