@@ -278,7 +278,7 @@ def _check_fields(p: Patch) -> list[str]:
         if not p.field(name):
             errors.append(f"{where}: missing required header {name} (DEP-3 block, last paragraph)")
     origin = p.field("Origin")
-    if origin and origin != "vendor" and not re.match(r"^upstream, https?://\S+$", origin):
+    if origin and origin != "vendor" and not re.match(r"^upstream, https?://\S+( \(.+\))?$", origin):
         errors.append(f"{where}: Origin must be 'upstream, <PR url>' or 'vendor', not {origin!r}")
     forwarded = p.field("Forwarded")
     if forwarded and forwarded not in ("no", "not-needed") and not _URL_RE.match(forwarded):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -84,19 +85,6 @@ def test_worker_killed_after_start_frees_its_slot_and_fails_the_key(start_method
     assert outcome["slots_after_death"] == 2
 
 
-class _Results:
-    """A stand-in result queue holding messages a worker wrote before it was reaped."""
-
-    def __init__(self, messages):
-        self.messages = list(messages)
-
-    def empty(self):
-        return not self.messages
-
-    def get(self):
-        return self.messages.pop(0)
-
-
 def test_late_result_from_a_reaped_worker_is_ignored():
     from airflow.executors.local_executor import LocalExecutor
     from airflow.utils.state import TaskInstanceState
@@ -107,9 +95,8 @@ def test_late_result_from_a_reaped_worker_is_ignored():
     key = key_of(workload)
     # The key was already failed when its worker was reaped; nothing of it is in flight any more.
     executor.event_buffer[key] = (TaskInstanceState.FAILED, "worker died")
-    executor.result_queue = _Results([(key, TaskInstanceState.SUCCESS, None, 4242)])
-
-    executor._read_results()
+    # What the worker that was reaped had written before it died.
+    executor._handle_result(4242, key, TaskInstanceState.SUCCESS, None)
 
     assert executor.event_buffer[key][0] == TaskInstanceState.FAILED
     assert key not in executor.running
@@ -125,38 +112,16 @@ def test_earlier_dispatch_result_keeps_the_slot_of_a_newer_dispatch():
     workload = make_workload("resumed")
     key = key_of(workload)
     executor.start = lambda: None  # no workers: this drives the bookkeeping only
-    executor.activity_queue = _Sink()
-    executor._unread_messages = _Counter()
     executor._check_workers = lambda: None
     _reset_bookkeeping(executor)
     for _ in range(2):
         executor.queue_workload(workload, session=None)
         executor._process_workloads([workload])
-    executor.result_queue = _Results([(key, TaskInstanceState.SUCCESS, None, 1)])
-    executor._read_results()
+    executor._handle_result(1, key, TaskInstanceState.SUCCESS, None)
     assert key in executor.running, "the newer dispatch still holds its slot"
-    executor.result_queue = _Results([(key, TaskInstanceState.SUCCESS, None, 2)])
-    executor._read_results()
+    executor._handle_result(2, key, TaskInstanceState.SUCCESS, None)
     assert key not in executor.running
     assert executor.event_buffer[key][0] == TaskInstanceState.SUCCESS
-
-
-class _Sink:
-    def put(self, obj):
-        pass
-
-    def empty(self):
-        return True
-
-
-class _Counter:
-    value = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _reset_bookkeeping(executor) -> None:
@@ -164,4 +129,5 @@ def _reset_bookkeeping(executor) -> None:
     executor._dispatch_counts = {}
     executor._failure_states = {}
     executor._worker_keys = {}
+    executor._pending = deque()
     executor.workers = {}

@@ -21,18 +21,37 @@ LocalExecutor.
 .. seealso::
     For more information on how the LocalExecutor works, take a look at the guide:
     :ref:`executor:LocalExecutor`
+
+Data flow (one pair of pipes per worker; the executor runs in the scheduler process)::
+
+    executor                                                      worker (pid)
+    _process_workloads() -> _pending deque
+    _dispatch_pending() --- workload ---> [workloads pipe] -----> recv(); run it
+       (idle workers only: one at a time)   writes: executor       |
+                                            reads:  this worker    v
+    sync()/end(): wait() <-- frames ----- [results pipe] <------- (key, state, exc) frames
+                  wait() <-- exit ------- [sentinel]              writes: this worker
+                  waitpid() decides death; _reap_worker() handles it
+
+No lock exists and no pipe is shared: each pipe has one writer and one reader, and every process
+closes the ends that are not its own (a forked worker closes the executor's ends it inherited). So a
+SIGKILL of a worker at any instant (idle, running, half way through a frame) damages only its own
+pipes: results are read without blocking and a partial frame stays in that worker's buffer, a write to
+a dead worker fails with EPIPE instead of blocking, and _reap_worker() fails the one workload the worker
+held and frees its slot. Workloads no worker has taken yet stay in the executor's deque.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import multiprocessing
-import multiprocessing.sharedctypes
+import multiprocessing.connection
 import os
+import struct
 import sys
-import threading
 import time
-from multiprocessing import Queue, SimpleQueue
+from collections import deque
+from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING
 
 import structlog
@@ -48,6 +67,9 @@ else:
     setproctitle = lambda title, logger: real_setproctitle(title)
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from multiprocessing.connection import Connection
+
     from airflow.executors.workloads import ExecutorWorkload
     from airflow.executors.workloads.types import WorkloadKey, WorkloadResultType, WorkloadState
 
@@ -65,11 +87,57 @@ def _get_executor_process_title_prefix(team_name: str | None) -> str:
     return f"airflow worker -- LocalExecutor{team_suffix}:"
 
 
+# A result frame: its length, then the pickled (key, state, exc).
+_FRAME_HEADER = struct.Struct("!Q")
+
+
+def _send_result(output: Connection, result: WorkloadResultType) -> None:
+    """Write one result frame (blocking: only the executor reads this pipe, and it always does)."""
+    data = ForkingPickler.dumps(result)
+    frame = memoryview(_FRAME_HEADER.pack(len(data)) + data)
+    while frame:
+        frame = frame[os.write(output.fileno(), frame) :]
+
+
+class _ResultReader:
+    """
+    The executor's end of one worker's results pipe.
+
+    Reads never block and a frame is delivered only once complete: a worker killed in the middle of
+    writing one leaves its partial frame here, where it cannot hold up or corrupt anything else.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.buffer = bytearray()
+        self.eof = False
+        os.set_blocking(conn.fileno(), False)
+
+    def read(self) -> Iterator[WorkloadResultType]:
+        """Yield each complete result waiting, oldest first."""
+        while not self.eof:
+            try:
+                chunk = os.read(self.conn.fileno(), 1 << 16)
+            except BlockingIOError:
+                break
+            self.eof = not chunk
+            self.buffer += chunk
+        while len(self.buffer) >= _FRAME_HEADER.size:
+            (size,) = _FRAME_HEADER.unpack_from(self.buffer)
+            end = _FRAME_HEADER.size + size
+            if len(self.buffer) < end:
+                break
+            # Consume the frame before unpickling it: one that fails to unpickle is lost alone.
+            data = bytes(self.buffer[_FRAME_HEADER.size : end])
+            del self.buffer[:end]
+            yield ForkingPickler.loads(data)
+
+
 def _run_worker(
     logger_name: str,
-    input: SimpleQueue[ExecutorWorkload | None],
-    output: Queue[WorkloadResultType],
-    unread_messages: multiprocessing.sharedctypes.Synchronized[int],
+    input: Connection,
+    output: Connection,
+    inherited: Sequence[Connection],
     team_conf,
 ):
     import signal
@@ -77,13 +145,18 @@ def _run_worker(
     # Ignore ctrl-c in this process -- we don't want to kill _this_ one. we let tasks run to completion
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
+    # A forked worker inherits the executor's ends of every worker's pipes, its own included. Holding them
+    # would keep those pipes alive past their owners: a worker would never see EOF when the executor dies.
+    for conn in inherited:
+        conn.close()
+
     log = structlog.get_logger(logger_name)
     log.info("Worker starting up pid=%d", os.getpid())
 
     while True:
         setproctitle(f"{_get_executor_process_title_prefix(team_conf.team_name)} <idle>", log)
         try:
-            workload = input.get()
+            workload = input.recv()
         except EOFError:
             log.info(
                 "Failed to read tasks from the task queue because the other "
@@ -96,16 +169,8 @@ def _run_worker(
             # Received poison pill, no more tasks to run
             return
 
-        # Decrement this as soon as we pick up a message off the queue
-        with unread_messages:
-            unread_messages.value -= 1
-
-        # Tell the executor which worker holds this workload, so a slot held by a worker that dies is
-        # released instead of leaking. Every message carries the sender's pid for the same reason.
-        pid = os.getpid()
-        output.put((workload.key, None, None, pid))
         if workload.running_state is not None:
-            output.put((workload.key, workload.running_state, None, pid))
+            _send_result(output, (workload.key, workload.running_state, None))
 
         try:
             BaseExecutor.run_workload(
@@ -114,10 +179,10 @@ def _run_worker(
                 proctitle=f"{_get_executor_process_title_prefix(team_conf.team_name)} {workload.display_name}",
                 subprocess_logs_to_stdout=True,
             )
-            output.put((workload.key, workload.success_state, None, pid))
+            _send_result(output, (workload.key, workload.success_state, None))
         except Exception as e:
             log.exception("Workload execution failed.", workload_type=type(workload).__name__)
-            output.put((workload.key, workload.failure_state, e, pid))
+            _send_result(output, (workload.key, workload.failure_state, e))
 
 
 class LocalExecutor(BaseExecutor):
@@ -137,10 +202,13 @@ class LocalExecutor(BaseExecutor):
     supports_callbacks: bool = True
     supports_connection_test: bool = True
 
-    activity_queue: SimpleQueue[ExecutorWorkload | None]
-    result_queue: SimpleQueue[WorkloadResultType]
     workers: dict[int, multiprocessing.Process]
-    _unread_messages: multiprocessing.sharedctypes.Synchronized[int]
+    # The executor's ends of each worker's two pipes, by pid: it is the only writer of the first and the
+    # only reader of the second, so no lock exists that a dead worker could hold.
+    _inputs: dict[int, Connection]
+    _outputs: dict[int, _ResultReader]
+    # Dispatched workloads no worker could take yet, with the executor queue each was taken from.
+    _pending: deque[tuple[ExecutorWorkload, dict]]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -164,14 +232,10 @@ class LocalExecutor(BaseExecutor):
         # We delay opening these queues until the start method mostly for unit tests. ExecutorLoader caches
         # instances, so each test reusues the same instance! (i.e. test 1 runs, closes the queues, then test 2
         # comes back and gets the same LocalExecutor instance, so we have to open new here.)
-        self.activity_queue = SimpleQueue()
-        self.result_queue = SimpleQueue()
         self.workers = {}
-
-        # Mypy sees this value as `SynchronizedBase[c_uint]`, but that isn't the right runtime type behaviour
-        # (it looks like an int to python)
-
-        self._unread_messages = multiprocessing.Value(ctypes.c_uint)
+        self._inputs = {}
+        self._outputs = {}
+        self._pending = deque()
 
         # A dispatched workload holds a parallelism slot (its key stays in ``running``) until its terminal
         # result arrives or the worker that took it dies. A key can be dispatched again while an earlier
@@ -179,7 +243,8 @@ class LocalExecutor(BaseExecutor):
         # is released only when the last one ends.
         self._dispatch_counts: dict[WorkloadKey, int] = {}
         self._failure_states: dict[WorkloadKey, WorkloadState] = {}
-        # The key each worker took and has not finished, by worker pid.
+        # The key of the one workload each busy worker was sent and has not finished, by worker pid. A
+        # worker that is not in here is idle: its input queue is empty and it is waiting on it.
         self._worker_keys: dict[int, WorkloadKey] = {}
 
         if self.is_mp_using_fork:
@@ -188,57 +253,115 @@ class LocalExecutor(BaseExecutor):
             self._spawn_workers_with_gc_freeze(self.parallelism)
 
     def _check_workers(self):
-        # Reap any dead workers
-        to_remove = set()
+        """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
+        # waitpid, not the sentinel or EOF: a task process the worker forked keeps both open after the
+        # worker itself is gone.
+        for pid in [pid for pid, proc in self.workers.items() if not proc.is_alive()]:
+            self._reap_worker(pid)
+        self._dispatch_pending()
+
+    def _reap_worker(self, pid: int) -> None:
+        """Forget a dead worker and its pipes; fail the workload it held unless it reported its end."""
+        proc = self.workers.pop(pid)
+        output = self._outputs.pop(pid)
+        # The frames it finished before dying are in the pipe: read them before deciding that the
+        # workload it held never finished. What is left is a frame it died writing.
+        for key, state, exc in output.read():
+            self._handle_result(pid, key, state, exc)
+        if output.buffer:
+            self.log.warning(
+                "Worker pid=%s died writing a result; dropping %d bytes", pid, len(output.buffer)
+            )
+        output.conn.close()
+        self._inputs.pop(pid).close()
+        proc.join()
+        proc.close()
+        self._fail_lost_workload(pid)
+
+    def _dispatch_pending(self) -> None:
+        """Send each pending workload to an idle worker, starting workers up to ``parallelism``."""
+        while self._pending:
+            pid = self._idle_worker()
+            if pid is None:
+                # Every worker is busy. The scheduler hands over at most ``parallelism - len(running)``
+                # workloads, so this only happens when keys occupy more workers than slots: a key
+                # dispatched again (a resumed deferral) while its earlier dispatch has not reported is one
+                # slot but two workers, and connection tests are triggered outside the slot count. The
+                # workload waits here, not behind a busy worker's possibly long task, and goes to the
+                # first worker that finishes (or its replacement, if that worker dies).
+                return
+            workload, taken_from = self._pending.popleft()
+            self._worker_keys[pid] = workload.key
+            try:
+                self._send_workload(pid, workload)
+            except BrokenPipeError:
+                # The worker is gone and never got the whole workload: keep it for the next worker.
+                del self._worker_keys[pid]
+                self._pending.appendleft((workload, taken_from))
+                self._reap_worker(pid)
+            except BaseException:
+                # Nothing was sent (a workload that cannot be pickled, an interrupt): it stays queued.
+                del self._worker_keys[pid]
+                self._undo_dispatches([workload], [taken_from])
+                raise
+
+    def _send_workload(self, pid: int, workload: ExecutorWorkload | None) -> None:
+        data = ForkingPickler.dumps(workload)  # a workload that cannot be pickled fails before any write
+        try:
+            # No cyclic wait: only an idle worker is sent a workload, and it writes nothing until it has
+            # read all of it, so this write waits at most for that read (in practice not at all: the pipe
+            # is empty and a workload much smaller). Results are read without blocking.
+            self._inputs[pid].send_bytes(data)
+        except BaseException:
+            # EPIPE, or interrupted part way: a torn frame would be read as the start of the next one, so
+            # this worker can take nothing more. It never got the whole workload, so it never started it.
+            self.workers[pid].kill()
+            raise
+
+    def _idle_worker(self) -> int | None:
+        """Return an idle live worker, starting one if all are busy and fewer than ``parallelism`` exist."""
         for pid, proc in self.workers.items():
-            if not proc.is_alive():
-                to_remove.add(pid)
-                proc.close()
+            if pid not in self._worker_keys and proc.is_alive():
+                return pid
+        if len(self.workers) >= self.parallelism:
+            return None
+        if self.is_mp_using_fork:
+            # Replacements too are forked with the GC frozen, and all at once, to keep freeze/unfreeze
+            # cycles (and copy-on-write of the parent's memory) down.
+            before = set(self.workers)
+            self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))
+            return next(pid for pid in self.workers if pid not in before)
+        # With spawn a worker takes a second or more to start: start only the one this workload needs.
+        return self._spawn_worker()
 
-        if to_remove:
-            self.workers = {pid: proc for pid, proc in self.workers.items() if pid not in to_remove}
-            # A dead worker's last messages are already complete in the pipe: read them before deciding
-            # that the workload it held never finished.
-            self._read_results()
-            for pid in to_remove:
-                self._fail_lost_workload(pid)
-
-        with self._unread_messages:
-            num_outstanding = self._unread_messages.value
-
-        if num_outstanding <= 0 or self.activity_queue.empty():
-            # Nothing to do. Future enhancement if someone wants: shut down workers that have been idle for N
-            # seconds
-            return
-
-        # If we're using spawn in multiprocessing (default on macOS now) to start tasks, this can get called a
-        # via `sync()` a few times before the spawned process actually starts picking up messages. Try not to
-        # create too much
-        if num_outstanding and len(self.workers) < self.parallelism:
-            if self.is_mp_using_fork:
-                # This creates the maximum number of worker processes at once
-                # to minimize gc freeze/unfreeze cycles when using fork in multiprocessing
-                self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))
-            else:
-                # This only creates one worker, which is fine as we call this directly after putting a message on
-                # activity_queue in execute_async when using spawn in multiprocessing
-                self._spawn_worker()
-
-    def _spawn_worker(self):
+    def _spawn_worker(self) -> int:
+        input_r, input_w = multiprocessing.Pipe(duplex=False)
+        output_r, output_w = multiprocessing.Pipe(duplex=False)
+        inherited = [input_w, output_r, *self._inputs.values(), *(o.conn for o in self._outputs.values())]
         p = multiprocessing.Process(
             target=_run_worker,
             kwargs={
                 "logger_name": self.log.name,
-                "input": self.activity_queue,
-                "output": self.result_queue,
-                "unread_messages": self._unread_messages,
+                "input": input_r,
+                "output": output_w,
+                # A spawned worker is passed only its own two ends.
+                "inherited": inherited if self.is_mp_using_fork else [],
                 "team_conf": self.conf,
             },
         )
-        p.start()
+        try:
+            p.start()
+        finally:
+            # The worker's ends belong to the worker alone: a copy kept here would keep its pipes open
+            # after it died, so reading them would never see EOF and writing them never fail.
+            input_r.close()
+            output_w.close()
         if TYPE_CHECKING:
             assert p.pid  # Since we've called start
         self.workers[p.pid] = p
+        self._inputs[p.pid] = input_w
+        self._outputs[p.pid] = _ResultReader(output_r)
+        return p.pid
 
     def _spawn_workers_with_gc_freeze(self, spawn_number):
         """
@@ -265,20 +388,28 @@ class LocalExecutor(BaseExecutor):
         self._read_results()
         self._check_workers()
 
-    def _read_results(self):
-        while not self.result_queue.empty():
-            key, state, exc, pid = self.result_queue.get()
-            if self._dispatch_counts.get(key, 0) <= 0:
-                # Not a live dispatch: the key was already failed because its worker was reaped.
-                self.log.warning("Ignoring result %s for %s: it has no dispatch in flight", state, key)
-                continue
-            if state is None:
-                self._worker_keys[pid] = key
-            elif state == _RUNNING:
-                self.change_state(key, state, remove_running=False)
-            else:
-                self._worker_keys.pop(pid, None)
-                self._end_dispatch(key, state, exc)
+    def _read_results(self, timeout: float = 0.0) -> None:
+        """Read every complete result waiting, waiting up to ``timeout`` for a result or a worker exit."""
+        readers = {output.conn: pid for pid, output in self._outputs.items() if not output.eof}
+        sentinels = [proc.sentinel for proc in self.workers.values()]
+        for ready in multiprocessing.connection.wait([*readers, *sentinels], timeout):
+            if pid := readers.get(ready):
+                for key, state, exc in self._outputs[pid].read():
+                    self._handle_result(pid, key, state, exc)
+
+    def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState, exc) -> None:
+        if state != _RUNNING:
+            # Its worker is idle again whatever became of the key: a worker is sent one workload at a
+            # time, and one never marked idle would never be sent another.
+            self._worker_keys.pop(pid, None)
+        if self._dispatch_counts.get(key, 0) <= 0:
+            # Not a live dispatch: the key was already failed because its worker was reaped.
+            self.log.warning("Ignoring result %s for %s: it has no dispatch in flight", state, key)
+            return
+        if state == _RUNNING:
+            self.change_state(key, state, remove_running=False)
+        else:
+            self._end_dispatch(key, state, exc)
 
     def _begin_dispatch(self, workload: ExecutorWorkload) -> None:
         key = workload.key
@@ -313,28 +444,22 @@ class LocalExecutor(BaseExecutor):
             "; waiting for running tasks to finish.  Signal again if you don't want to wait."
         )
 
-        # We can't tell which proc will pick which close message up, so we send all the messages, and then
-        # wait on all the procs
+        # Pending workloads were dispatched as far as the scheduler knows: run them before stopping.
+        while self._pending:
+            self._read_results(timeout=0.1)
+            self._check_workers()
 
-        for proc in self.workers.values():
-            # Send the shutdown message once for each alive worker
-            if proc.is_alive():
-                self.activity_queue.put(None)
+        # Each worker gets its shutdown message on its own pipe, behind at most the workload it runs.
+        for pid in list(self.workers):
+            with contextlib.suppress(OSError):  # already gone: reaped below
+                self._send_workload(pid, None)
 
-        # A worker cannot exit while it is blocked writing a result into a full result pipe, and that pipe
-        # only empties if we read it: keep reading results while waiting, or both sides wait forever.
-        for proc in self.workers.values():
-            while proc.is_alive():
-                self._read_results()
-                proc.join(timeout=0.05)
-            proc.close()
-        self.workers = {}
-
-        # Process any extra results before closing
-        self._read_results()
-
-        self.activity_queue.close()
-        self.result_queue.close()
+        # A worker cannot exit while it is blocked writing a result nobody reads: keep reading results
+        # while waiting. A worker that is gone is reaped at once, whatever it left in its pipes.
+        while self.workers:
+            self._read_results(timeout=0.1)
+            for pid in [pid for pid, proc in self.workers.items() if not proc.is_alive()]:
+                self._reap_worker(pid)
 
     #: Seconds ``terminate()`` gives workers to exit on SIGTERM before it kills them.
     terminate_grace_period: float = 5.0
@@ -344,8 +469,7 @@ class LocalExecutor(BaseExecutor):
         Stop every worker now, without waiting for their tasks.
 
         Workers get SIGTERM, and SIGKILL once ``terminate_grace_period`` has passed. Results are not
-        read any more: a worker killed in the middle of writing one leaves a partial message behind,
-        and reading it would block forever.
+        read any more.
         """
         workers = list(getattr(self, "workers", {}).values())
         for proc in workers:
@@ -361,47 +485,25 @@ class LocalExecutor(BaseExecutor):
                 proc.join()
             proc.close()
         self.workers = {}
-        if hasattr(self, "activity_queue"):
-            self.activity_queue.close()
-            self.result_queue.close()
+        for input in getattr(self, "_inputs", {}).values():
+            input.close()
+        for output in getattr(self, "_outputs", {}).values():
+            output.conn.close()
+        self._inputs = {}
+        self._outputs = {}
 
     def _process_workloads(self, workload_list):
-        if not workload_list:
-            return
-        # Register the whole batch before any of it is sent: a worker can report a workload while the
-        # batch is still being written, and a result for a key we do not know yet would be dropped.
-        taken_from = [self._take_queued(workload) for workload in workload_list]
         for workload in workload_list:
+            taken_from = self._take_queued(workload)
             self._begin_dispatch(workload)
-        with self._unread_messages:
-            self._unread_messages.value += len(workload_list)
-
-        sender = _BatchSender(self.activity_queue, workload_list)
-        sender.start()
-        try:
-            # A put blocked on the full activity pipe completes only once workers take workloads, and
-            # they only do while the result pipe has room: keep reading results until the batch is out.
-            while not sender.done.wait(0.001):
-                self._read_results()
-                # Only a live worker can take the pending write. Workers are otherwise started after
-                # the batch, which never comes with the spawn start method (none exist before the first
-                # batch) or once every worker has died; spawn starts one per call, so keep calling.
-                self._check_workers()
-        except BaseException:
-            # Interrupted, e.g. SIGTERM raising SystemExit: finish the put in progress, so end() does not
-            # queue its shutdown messages behind a half-written workload, then give back what was not
-            # sent. With no live worker nothing can take the pending write: give up on it at once.
-            sender.stop()
-            while not sender.done.wait(0.01) and self._any_worker_alive():
-                self._read_results()
-            self._undo_dispatches(workload_list[sender.sent :], taken_from[sender.sent :])
-            raise
-        if sender.error is not None:
-            # The put failed (an unpicklable workload, a closed queue): it and everything after it
-            # stay queued, with the counters as before, and the caller sees the error.
-            self._undo_dispatches(workload_list[sender.sent :], taken_from[sender.sent :])
-            raise sender.error
+            self._pending.append((workload, taken_from))
         self._check_workers()
+        if self._pending:
+            self.log.warning(
+                "%d dispatched workloads wait for a free worker: every one of %d workers is busy",
+                len(self._pending),
+                len(self.workers),
+            )
 
     def _take_queued(self, workload) -> dict:
         """Remove a workload from the executor's queue it waits in, and return that queue."""
@@ -416,45 +518,3 @@ class LocalExecutor(BaseExecutor):
         for workload, queue in zip(unsent, queues, strict=True):
             self._end_dispatch(workload.key, None, None, report=False)
             queue[workload.key] = workload
-        with self._unread_messages:
-            self._unread_messages.value -= len(unsent)
-
-    def _any_worker_alive(self) -> bool:
-        return any(proc.is_alive() for proc in self.workers.values())
-
-
-class _BatchSender(threading.Thread):
-    """
-    Write a batch of workloads into the activity queue, off the main thread.
-
-    The main thread keeps reading results meanwhile. One thread per batch, not per put: a batch that
-    fits in the pipe costs a single thread start. Forking a worker while it runs is safe: the only
-    lock it takes is the activity queue's write lock, a process-shared semaphore that workers never
-    take, and it pickles each workload before taking it.
-    """
-
-    def __init__(self, queue: SimpleQueue, workloads: list) -> None:
-        super().__init__(name="LocalExecutor-batch-sender", daemon=True)
-        self.queue = queue
-        self.workloads = workloads
-        # How many workloads were written completely; final once ``done`` is set.
-        self.sent = 0
-        self.error: Exception | None = None
-        self.done = threading.Event()
-        self._stopping = threading.Event()
-
-    def run(self) -> None:
-        try:
-            for workload in self.workloads:
-                if self._stopping.is_set():
-                    return
-                self.queue.put(workload)
-                self.sent += 1
-        except Exception as e:
-            self.error = e
-        finally:
-            self.done.set()
-
-    def stop(self) -> None:
-        """Send nothing after the put in progress."""
-        self._stopping.set()

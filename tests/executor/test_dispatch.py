@@ -1,0 +1,217 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one
+# or more contributor license agreements.  See the NOTICE file
+# distributed with this work for additional information
+# regarding copyright ownership.  The ASF licenses this file
+# to you under the Apache License, Version 2.0 (the
+# "License"); you may not use this file except in compliance
+# with the License.  You may obtain a copy of the License at
+#
+#   http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing,
+# software distributed under the License is distributed on an
+# "AS IS" BASIS, WITHOUT WARRANTIES OR CONDITIONS OF ANY
+# KIND, either express or implied.  See the License for the
+# specific language governing permissions and limitations
+# under the License.
+"""Which worker a workload goes to: an idle one, a new one under parallelism, or none yet (it waits)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import deque
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from harness import dispatch, key_of, make_workload, new_executor, run_scenario, wait_for_states, wait_until
+
+OWN_QUEUE_PATCH = "0007-give-each-localexecutor-worker-its-own-input-queue.patch"
+
+
+class _Proc:
+    """A worker process that is alive; nothing is started."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def is_alive(self) -> bool:
+        return True
+
+
+def _executor(parallelism: int, busy: dict[int, object] | None = None, idle=(), fork: bool = True):
+    """An executor with stand-in workers: ``busy`` maps a pid to the key it runs, ``idle`` lists pids."""
+    from airflow.executors.local_executor import LocalExecutor
+
+    executor = LocalExecutor(parallelism=parallelism)
+    executor.is_mp_using_fork = fork
+    executor.workers = {}
+    executor._inputs = {}
+    executor._outputs = {}
+    executor._pending = deque()
+    executor._dispatch_counts = {}
+    executor._failure_states = {}
+    executor._worker_keys = {}
+    for pid in [*(busy or {}), *idle]:
+        executor.workers[pid] = _Proc(pid)
+    for pid, key in (busy or {}).items():
+        executor._worker_keys[pid] = key
+        executor._dispatch_counts[key] = 1
+        executor.running.add(key)
+    executor.sent = []
+    executor._send_workload = lambda pid, workload: executor.sent.append((pid, workload.ti.task_id))
+    new_pids = iter(range(1000, 2000))
+
+    def spawn_worker() -> int:
+        pid = next(new_pids)
+        executor.workers[pid] = _Proc(pid)
+        return pid
+
+    executor._spawn_worker = mock.Mock(side_effect=spawn_worker)
+    executor._read_results = mock.Mock()
+    return executor
+
+
+def _queue(executor, task_id: str):
+    workload = make_workload(task_id)
+    executor.queue_workload(workload, session=None)
+    return workload
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_dispatch_reuses_an_idle_worker():
+    busy_key = key_of(make_workload("busy"))
+    executor = _executor(2, busy={1: busy_key}, idle=[2])
+    workload = _queue(executor, "a")
+
+    executor._process_workloads([workload])
+
+    assert executor.sent == [(2, "a")]
+    assert executor._worker_keys == {1: busy_key, 2: key_of(workload)}
+    executor._spawn_worker.assert_not_called()
+    # A send cannot block, so dispatching needs no results read first (no drain per put any more).
+    executor._read_results.assert_not_called()
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+@pytest.mark.parametrize("fork", [pytest.param(True, id="fork"), pytest.param(False, id="spawn")])
+def test_dispatch_starts_a_worker_under_parallelism(fork):
+    executor = _executor(3, busy={1: key_of(make_workload("busy"))}, fork=fork)
+    workload = _queue(executor, "a")
+
+    with mock.patch("gc.freeze") as freeze, mock.patch("gc.unfreeze") as unfreeze:
+        executor._process_workloads([workload])
+
+    assert executor.sent == [(1000, "a")]
+    if fork:
+        # A replacement is forked like the first workers: all missing ones at once, with the GC frozen.
+        assert executor._spawn_worker.call_count == 2
+        assert (freeze.call_count, unfreeze.call_count) == (1, 1)
+    else:
+        # Spawn is slow: only the worker this workload needs.
+        assert executor._spawn_worker.call_count == 1
+        freeze.assert_not_called()
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_dispatch_keeps_the_workload_when_every_worker_is_busy():
+    from airflow.utils.state import TaskInstanceState
+
+    first = key_of(make_workload("first"))
+    executor = _executor(2, busy={1: first, 2: key_of(make_workload("second"))})
+    workload = _queue(executor, "a")
+
+    executor._process_workloads([workload])
+
+    # Not queued behind a busy worker's task: it waits in the executor, holding its slot.
+    assert executor.sent == []
+    assert [w for w, _ in executor._pending] == [workload]
+    assert key_of(workload) in executor.running
+    executor._spawn_worker.assert_not_called()
+
+    # The first worker to finish takes it.
+    executor._handle_result(1, first, TaskInstanceState.SUCCESS, None)
+    executor._check_workers()
+    assert executor.sent == [(1, "a")]
+    assert not executor._pending
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_running_result_keeps_the_worker_busy():
+    from airflow.utils.state import TaskInstanceState
+
+    key = key_of(make_workload("busy"))
+    executor = _executor(1, busy={1: key})
+    executor._handle_result(1, key, TaskInstanceState.RUNNING, None)
+    assert executor._worker_keys == {1: key}
+    assert key in executor.running
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_terminal_result_for_a_key_no_longer_running_frees_its_worker():
+    from airflow.utils.state import TaskInstanceState
+
+    stale = key_of(make_workload("stale"))
+    executor = _executor(1, busy={1: stale})
+    # The key was failed already (its dispatch ended); its worker's terminal result still arrives.
+    executor._dispatch_counts.clear()
+    executor.running.clear()
+    workload = _queue(executor, "a")
+    executor._process_workloads([workload])
+    assert executor.sent == []
+
+    executor._handle_result(1, stale, TaskInstanceState.SUCCESS, None)
+
+    assert stale not in executor.event_buffer, "a result with no dispatch in flight is not reported"
+    assert executor._worker_keys == {}, "but its worker is idle again"
+    executor._check_workers()
+    assert executor.sent == [(1, "a")]
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_failed_send_leaves_the_worker_idle_and_the_workload_queued():
+    executor = _executor(2, idle=[1])
+    executor._send_workload = mock.Mock(side_effect=TypeError("cannot pickle"))
+    workload = _queue(executor, "a")
+
+    with pytest.raises(TypeError):
+        executor._process_workloads([workload])
+
+    assert executor.queued_tasks[key_of(workload)] is workload
+    assert executor._worker_keys == {}
+    assert not executor.running
+    assert not executor._pending
+
+
+def lazy_spawn(parallelism: int) -> dict:
+    """With spawn, workers start one per workload that needs one, never before."""
+    executor = new_executor(parallelism)
+    counts = {"after_start": len(executor.workers)}
+    gate = Path(tempfile.mkdtemp(), "go")
+    started = tempfile.mkdtemp()
+    first = make_workload("first", fake={"wait_for": str(gate), "started_dir": started})
+    dispatch(executor, [first])
+    counts["after_first"] = len(executor.workers)
+    assert wait_until(lambda: os.listdir(started), timeout=60)
+    second = make_workload("second")
+    dispatch(executor, [second])  # the first worker is busy: a second one starts
+    counts["after_second"] = len(executor.workers)
+    states = wait_for_states(executor, [key_of(second)], timeout=60)
+    gate.touch()
+    states.update(wait_for_states(executor, [key_of(first)], timeout=30))
+    third = make_workload("third")
+    dispatch(executor, [third])  # both are idle now: one of them takes it
+    counts["after_third"] = len(executor.workers)
+    states.update(wait_for_states(executor, [key_of(third)], timeout=30))
+    executor.end()
+    return {"counts": counts, "states": states}
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_spawn_start_method_starts_workers_lazily():
+    # Before, a worker was started for every batch while fewer than parallelism existed, idle or not.
+    outcome = run_scenario(lazy_spawn, start_method="spawn", deadline=120, parallelism=3)
+    assert outcome["counts"] == {"after_start": 0, "after_first": 1, "after_second": 2, "after_third": 2}
+    assert set(outcome["states"].values()) == {"success"}

@@ -1,0 +1,263 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one
+# or more contributor license agreements.  See the NOTICE file
+# distributed with this work for additional information
+# regarding copyright ownership.  The ASF licenses this file
+# to you under the Apache License, Version 2.0 (the
+# "License"); you may not use this file except in compliance
+# with the License.  You may obtain a copy of the License at
+#
+#   http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing,
+# software distributed under the License is distributed on an
+# "AS IS" BASIS, WITHOUT WARRANTIES OR CONDITIONS OF ANY
+# KIND, either express or implied.  See the License for the
+# specific language governing permissions and limitations
+# under the License.
+"""A worker SIGKILLed at any instant (idle, holding a lock, mid-result) wedges nothing (apache/airflow#74575)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from harness import (
+    BLOCKED_WCHAN_PREFIXES,
+    dispatch,
+    key_of,
+    make_workload,
+    new_executor,
+    run_scenario,
+    wait_for_states,
+    wait_until,
+)
+
+OWN_QUEUE_PATCH = "0007-give-each-localexecutor-worker-its-own-input-queue.patch"
+NO_SHARED_PIPE_PATCH = "0008-share-no-lock-or-pipe-between-localexecutor-processes.patch"
+
+BIG = 1024 * 1024  # a result frame 16 times the size of a Linux pipe
+
+
+def _proc_field(pid: int, name: str) -> str:
+    try:
+        if name == "wchan":
+            return Path(f"/proc/{pid}/wchan").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2]  # the state letter
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def _reading_pipe(pid: int) -> bool:
+    return _proc_field(pid, "wchan").startswith(("pipe_read", "anon_pipe_read"))
+
+
+def _writing_pipe(pid: int) -> bool:
+    return _proc_field(pid, "wchan").startswith(("pipe_write", "anon_pipe_write"))
+
+
+def _kill_and_wait(pid: int) -> None:
+    """SIGKILL ``pid`` and wait until it is a zombie: dead, not yet reaped by the executor."""
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: _proc_field(pid, "state") in ("Z", "X", ""), timeout=10), f"{pid} survived"
+
+
+def _started_pids(started_dir: str, task_id: str) -> list[int]:
+    return [int(name.rsplit(".", 1)[1]) for name in os.listdir(started_dir) if name.split(".")[0] == task_id]
+
+
+def _warm_up(executor, count: int) -> list[int]:
+    """Have ``count`` workers run one workload each at the same time, then go idle; return their pids."""
+    gate = Path(tempfile.mkdtemp(), "go")
+    started_dir = tempfile.mkdtemp()
+    items = [
+        make_workload(f"warm_{i}", fake={"wait_for": str(gate), "started_dir": started_dir})
+        for i in range(count)
+    ]
+    dispatch(executor, items)
+
+    def all_started() -> bool:
+        executor.sync()  # the spawn start method starts workers from sync() on the early stages
+        return len(os.listdir(started_dir)) == count
+
+    assert wait_until(all_started, timeout=60), "the warm-up workloads never all started"
+    gate.touch()
+    states = wait_for_states(executor, [key_of(w) for w in items], timeout=30)
+    assert set(states.values()) == {"success"}, states
+    pids = sorted(int(name.rsplit(".", 1)[1]) for name in os.listdir(started_dir))
+    # Idle: every worker asleep on its input (a pipe read, or the shared read lock's futex).
+    assert wait_until(
+        lambda: all(_proc_field(p, "wchan").startswith(BLOCKED_WCHAN_PREFIXES) for p in pids), timeout=10
+    ), "the workers never went idle"
+    return pids
+
+
+# --------------------------------------------------------------------------------------
+# Idle workers (patch 7): the shared input queue's read lock dies with its holder.
+# --------------------------------------------------------------------------------------
+
+
+def kill_read_lock_holder(parallelism: int) -> dict:
+    executor = new_executor(parallelism)
+    pids = _warm_up(executor, parallelism)
+    time.sleep(0.2)  # let every idle worker settle where it will sleep
+    readers = [p for p in pids if _reading_pipe(p)]
+    # With one shared input queue exactly one idle worker sits in the pipe read holding the queue's read
+    # lock, and the others wait for that lock (a futex). With a queue per worker, all of them read.
+    holder = readers[0] if len(readers) == 1 else pids[0]
+    _kill_and_wait(holder)
+    after = make_workload("after_kill")
+    dispatch(executor, [after])
+    states = wait_for_states(executor, [key_of(after)], timeout=10)
+    return {"shared_lock": len(readers) == 1, "states": states}
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_workload_runs_after_worker_holding_read_lock_is_killed(start_method):
+    outcome = run_scenario(kill_read_lock_holder, start_method=start_method, deadline=90, parallelism=3)
+    assert outcome["states"] == {"after_kill": "success"}, outcome
+
+
+def kill_every_idle_worker(parallelism: int) -> dict:
+    executor = new_executor(parallelism)
+    pids = _warm_up(executor, parallelism)
+    for pid in pids:
+        _kill_and_wait(pid)
+    after = make_workload("after_kill")
+    dispatch(executor, [after])
+    states = wait_for_states(executor, [key_of(after)], timeout=15)
+    return {"states": states, "new_workers": sorted(set(executor.workers) - set(pids)) != []}
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_workload_runs_after_every_idle_worker_is_killed(start_method):
+    outcome = run_scenario(kill_every_idle_worker, start_method=start_method, deadline=90, parallelism=2)
+    assert outcome == {"states": {"after_kill": "success"}, "new_workers": True}
+
+
+def kill_worker_holding_unstarted_workload() -> dict:
+    """The only worker is stopped, takes (but cannot start) a workload, and is killed."""
+    executor = new_executor(1)
+    (pid,) = _warm_up(executor, 1)
+    started_dir = tempfile.mkdtemp()
+    os.kill(pid, signal.SIGSTOP)
+    orphan = make_workload("orphan", fake={"started_dir": started_dir})
+    dispatch(executor, [orphan])
+    _kill_and_wait(pid)
+    states = wait_for_states(executor, [key_of(orphan)], timeout=10)
+    info = executor.event_buffer.get(key_of(orphan), (None, None))[1]
+    after = make_workload("after_kill")
+    dispatch(executor, [after])
+    states.update(wait_for_states(executor, [key_of(after)], timeout=15))
+    return {
+        "states": states,
+        "orphan_started": bool(os.listdir(started_dir)),
+        "info": str(info),
+        "running": len(executor.running),
+    }
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_key_dispatched_to_a_worker_that_dies_before_starting_it_is_failed(start_method):
+    # On 3.3.2 the scheduler never rescues a queued key whose worker died before starting it, so the
+    # executor fails it: the scheduler then retries it or fails the task, instead of waiting forever.
+    outcome = run_scenario(kill_worker_holding_unstarted_workload, start_method=start_method, deadline=90)
+    assert outcome["states"] == {"orphan": "failed", "after_kill": "success"}, outcome
+    assert not outcome["orphan_started"]
+    assert "died" in outcome["info"]
+    assert outcome["running"] == 0
+
+
+# --------------------------------------------------------------------------------------
+# Workers writing results (patch 8): no result pipe or write lock is shared.
+# --------------------------------------------------------------------------------------
+
+
+def _big_worker(executor, started_dir: str) -> tuple[int, object]:
+    """Dispatch a workload whose result is ``BIG`` bytes; return its worker (once blocked writing) and key."""
+    big = make_workload("big", fake={"started_dir": started_dir, "fail_bytes": BIG})
+    dispatch(executor, [big])
+    assert wait_until(lambda: _started_pids(started_dir, "big"), timeout=60), "big never started"
+    (pid,) = _started_pids(started_dir, "big")
+    # Nobody reads results until the next sync(): the worker fills the pipe and blocks mid-frame.
+    assert wait_until(lambda: _writing_pipe(pid), timeout=20), "big never blocked writing its result"
+    return pid, key_of(big)
+
+
+def kill_worker_blocked_writing_result() -> dict:
+    executor = new_executor(3)
+    started_dir = tempfile.mkdtemp()
+    big_pid, big_key = _big_worker(executor, started_dir)
+    _kill_and_wait(big_pid)
+    items = [make_workload(f"small_{i}") for i in range(3)]
+    t0 = time.monotonic()
+    dispatch(executor, items)
+    dispatch_seconds = time.monotonic() - t0
+    states = wait_for_states(executor, [big_key, *(key_of(w) for w in items)], timeout=20)
+    return {
+        "dispatch_seconds": dispatch_seconds,
+        "states": states,
+        "big_info": str(executor.event_buffer.get(big_key, (None, ""))[1]),
+    }
+
+
+@pytest.mark.fixed_by(NO_SHARED_PIPE_PATCH)
+def test_results_keep_flowing_after_worker_killed_while_writing_a_large_result(start_method):
+    outcome = run_scenario(kill_worker_blocked_writing_result, start_method=start_method, deadline=90)
+    assert outcome["states"] == {"big": "failed", **{f"small_{i}": "success" for i in range(3)}}
+    assert "died" in outcome["big_info"], "the killed worker's key is failed by the executor"
+    # The dispatching side never waits on the dead worker (spawn: starting a replacement takes a moment).
+    assert outcome["dispatch_seconds"] < 2
+
+
+def kill_worker_mid_frame(other_bytes: int) -> dict:
+    executor = new_executor(3)
+    started_dir = tempfile.mkdtemp()
+    gate = Path(tempfile.mkdtemp(), "go")
+    # Two more workers hold large results of their own until the gate opens.
+    others = [
+        make_workload(f"other_{i}", fake={"wait_for": str(gate), "fail_bytes": other_bytes}) for i in range(2)
+    ]
+    big_pid, big_key = _big_worker(executor, started_dir)
+    dispatch(executor, others)
+    # Freeze the writer half way through its frame, let the executor read what is in the pipe (part of
+    # the frame), and kill the writer while the executor may still be inside that read.
+    os.kill(big_pid, signal.SIGSTOP)
+    gate.touch()  # the others write their results meanwhile
+    killer = threading.Timer(0.3, os.kill, (big_pid, signal.SIGKILL))
+    killer.start()
+    executor.sync()
+    killer.join()
+    _kill_and_wait(big_pid)
+    keys = [key_of(w) for w in others]
+    states = wait_for_states(executor, [big_key, *keys], timeout=20)
+    infos = {k.task_id: executor.event_buffer[k][1] for k in keys if k in executor.event_buffer}
+    after = make_workload("after")
+    dispatch(executor, [after])
+    states.update(wait_for_states(executor, [key_of(after)], timeout=20))
+    return {
+        "states": states,
+        "big_info": str(executor.event_buffer.get(big_key, (None, ""))[1]),
+        # Each other result arrived whole: its exception carries exactly the bytes its worker raised.
+        "other_sizes": sorted(len(str(info)) for info in infos.values()),
+    }
+
+
+@pytest.mark.fixed_by(NO_SHARED_PIPE_PATCH)
+def test_worker_killed_mid_frame_fails_only_its_own_key(start_method):
+    size = 100 * 1024
+    outcome = run_scenario(kill_worker_mid_frame, start_method=start_method, deadline=90, other_bytes=size)
+    assert outcome["states"] == {
+        "big": "failed",
+        "other_0": "failed",
+        "other_1": "failed",
+        "after": "success",
+    }
+    assert "died" in outcome["big_info"]
+    assert outcome["other_sizes"] == [size, size]
