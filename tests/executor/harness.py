@@ -326,24 +326,45 @@ def dispatch(executor: Any, items: Iterable[Any]) -> None:
     executor._process_workloads(batch)
 
 
-def wait_for_states(executor: Any, keys: Iterable[Any], timeout: float = 30.0) -> dict[str, str]:
-    """Call ``sync()`` until every key has a terminal state in the event buffer (or time runs out)."""
+def wait_for_states(
+    executor: Any, keys: Iterable[Any], timeout: float = 30.0, stall_after: float = 2.0
+) -> dict[str, str]:
+    """
+    Call ``sync()`` until every key has a terminal state in the event buffer; "missing" for the rest.
+
+    Gives up before ``timeout`` once nothing can arrive any more: no key ended for ``stall_after``
+    seconds while every other process of the scenario sat blocked (a pipe, a lock, a wait), so no
+    worker is running, starting or writing anything. That is how a lost workload looks.
+    """
     from airflow.utils.state import TaskInstanceState
 
     terminal = {TaskInstanceState.SUCCESS, TaskInstanceState.FAILED}
     pending = set(keys)
     states: dict[str, str] = {}
     give_up = time.monotonic() + timeout
+    quiet_since = time.monotonic()
     while pending and time.monotonic() < give_up:
         executor.sync()
         for key in list(pending):
             if key in executor.event_buffer and executor.event_buffer[key][0] in terminal:
                 states[key.task_id] = str(executor.event_buffer[key][0])
                 pending.discard(key)
+                quiet_since = time.monotonic()
+        if not _others_blocked():
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > stall_after:
+            break
         time.sleep(0.005)
     for key in pending:
         states[key.task_id] = "missing"
     return states
+
+
+def _others_blocked() -> bool:
+    """Every process of this scenario's group but this one is blocked (true when there is none)."""
+    me = os.getpid()
+    others = [t for t in _group_threads(os.getpgid(0)) if t.pid != me]
+    return not others or _deadlocked(others)
 
 
 def terminal_states(executor: Any) -> dict[str, str]:

@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 
     from airflow.models.taskinstancekey import TaskInstanceKey
 
-    TaskInstanceStateType = tuple[workloads.TaskInstance, TaskInstanceState, Exception | None]
+    TaskInstanceStateType = tuple[TaskInstanceKey, TaskInstanceState, Exception | None]
 
 # Every workload type's running state has this value; any other state a worker reports is terminal.
 _RUNNING = "running"
@@ -229,7 +229,7 @@ class LocalExecutor(BaseExecutor):
     _inputs: dict[int, Connection]
     _outputs: dict[int, _ResultReader]
     # Dispatched workloads no worker could take yet, with the executor queue each was taken from.
-    _pending: deque[tuple[workloads.All, dict]]
+    _pending: deque[tuple[workloads.ExecuteTask, dict]]
 
     def start(self) -> None:
         """Start the executor."""
@@ -395,8 +395,9 @@ class LocalExecutor(BaseExecutor):
         """Read every complete result waiting, waiting up to ``timeout`` for a result or a worker exit."""
         readers = {output.conn: pid for pid, output in self._outputs.items() if not output.eof}
         sentinels = [proc.sentinel for proc in self.workers.values()]
-        for ready in multiprocessing.connection.wait([*readers, *sentinels], timeout):
-            if pid := readers.get(ready):
+        ready = multiprocessing.connection.wait([*readers, *sentinels], timeout)
+        for conn, pid in readers.items():
+            if conn in ready:
                 for key, state, exc in self._outputs[pid].read():
                     self._handle_result(pid, key, state, exc)
 
@@ -420,18 +421,20 @@ class LocalExecutor(BaseExecutor):
         self._failure_states[key] = TaskInstanceState.FAILED
         self.running.add(key)
 
-    def _end_dispatch(self, key: TaskInstanceKey, state: TaskInstanceState | None, info=None, report=True) -> None:
+    def _end_dispatch(self, key: TaskInstanceKey, state: TaskInstanceState, info=None) -> None:
+        if self._release_dispatch(key):
+            self.change_state(key, state, info)
+
+    def _release_dispatch(self, key: TaskInstanceKey) -> bool:
+        """Release one dispatch of ``key``; True when it was the last one, so its slot is free."""
         remaining = self._dispatch_counts[key] - 1
         if remaining > 0:
             # Another dispatch of the same key is still in flight: the slot stays held for it.
             self._dispatch_counts[key] = remaining
-            return
+            return False
         del self._dispatch_counts[key]
         self._failure_states.pop(key, None)
-        if report:
-            self.change_state(key, state, info)
-        else:
-            self.running.discard(key)
+        return True
 
     def _fail_lost_workload(self, pid: int) -> None:
         key = self._worker_keys.pop(pid, None)
@@ -516,5 +519,6 @@ class LocalExecutor(BaseExecutor):
     def _undo_dispatches(self, unsent: list, queues: list[dict]) -> None:
         """Give back workloads that were registered but never sent: they stay queued, as before."""
         for workload, queue in zip(unsent, queues, strict=True):
-            self._end_dispatch(workload.ti.key, None, None, report=False)
+            if self._release_dispatch(workload.ti.key):
+                self.running.discard(workload.ti.key)
             queue[workload.ti.key] = workload

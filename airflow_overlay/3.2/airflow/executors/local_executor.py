@@ -199,7 +199,9 @@ def _run_worker(
 def _key_and_failure_state(workload: workloads.All) -> tuple[WorkloadKey, WorkloadState]:
     if isinstance(workload, workloads.ExecuteCallback):
         return workload.callback.id, CallbackState.FAILED
-    return workload.ti.key, TaskInstanceState.FAILED
+    if isinstance(workload, workloads.ExecuteTask):
+        return workload.ti.key, TaskInstanceState.FAILED
+    raise ValueError(f"LocalExecutor does not know how to handle {type(workload)}")
 
 
 def _execute_work(log: Logger, workload: workloads.ExecuteTask, team_conf) -> None:
@@ -452,8 +454,9 @@ class LocalExecutor(BaseExecutor):
         """Read every complete result waiting, waiting up to ``timeout`` for a result or a worker exit."""
         readers = {output.conn: pid for pid, output in self._outputs.items() if not output.eof}
         sentinels = [proc.sentinel for proc in self.workers.values()]
-        for ready in multiprocessing.connection.wait([*readers, *sentinels], timeout):
-            if pid := readers.get(ready):
+        ready = multiprocessing.connection.wait([*readers, *sentinels], timeout)
+        for conn, pid in readers.items():
+            if conn in ready:
                 for key, state, exc in self._outputs[pid].read():
                     self._handle_result(pid, key, state, exc)
 
@@ -467,7 +470,8 @@ class LocalExecutor(BaseExecutor):
             self.log.warning("Ignoring result %s for %s: it has no dispatch in flight", state, key)
             return
         if state == _RUNNING:
-            self.change_state(key, state, remove_running=False)
+            # 3.2's change_state is annotated for task keys only; it takes callback keys all the same.
+            self.change_state(key, state, remove_running=False)  # type: ignore[arg-type]
         else:
             self._end_dispatch(key, state, exc)
 
@@ -477,18 +481,20 @@ class LocalExecutor(BaseExecutor):
         self._failure_states[key] = failure_state
         self.running.add(key)
 
-    def _end_dispatch(self, key: WorkloadKey, state: WorkloadState | None, info=None, report=True) -> None:
+    def _end_dispatch(self, key: WorkloadKey, state: WorkloadState, info=None) -> None:
+        if self._release_dispatch(key):
+            self.change_state(key, state, info)  # type: ignore[arg-type]
+
+    def _release_dispatch(self, key: WorkloadKey) -> bool:
+        """Release one dispatch of ``key``; True when it was the last one, so its slot is free."""
         remaining = self._dispatch_counts[key] - 1
         if remaining > 0:
             # Another dispatch of the same key is still in flight: the slot stays held for it.
             self._dispatch_counts[key] = remaining
-            return
+            return False
         del self._dispatch_counts[key]
         self._failure_states.pop(key, None)
-        if report:
-            self.change_state(key, state, info)
-        else:
-            self.running.discard(key)
+        return True
 
     def _fail_lost_workload(self, pid: int) -> None:
         key = self._worker_keys.pop(pid, None)
@@ -569,7 +575,8 @@ class LocalExecutor(BaseExecutor):
         """Remove a workload from the executor's queue it waits in, and return that queue."""
         key, _ = _key_and_failure_state(workload)
         # A valid workload will exist in exactly one of these dicts.
-        for queue in (self.queued_tasks, self.queued_callbacks):
+        queues: tuple[dict, ...] = (self.queued_tasks, self.queued_callbacks)
+        for queue in queues:
             if queue.pop(key, None) is not None:
                 return queue
         raise KeyError(f"Workload {key} was not found in any queue")
@@ -578,5 +585,6 @@ class LocalExecutor(BaseExecutor):
         """Give back workloads that were registered but never sent: they stay queued, as before."""
         for workload, queue in zip(unsent, queues, strict=True):
             key, _ = _key_and_failure_state(workload)
-            self._end_dispatch(key, None, None, report=False)
+            if self._release_dispatch(key):
+                self.running.discard(key)
             queue[key] = workload
