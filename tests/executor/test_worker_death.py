@@ -15,7 +15,7 @@
 # KIND, either express or implied.  See the License for the
 # specific language governing permissions and limitations
 # under the License.
-"""A worker SIGKILLed at any instant (idle, holding a lock, mid-result) wedges nothing (apache/airflow#74575)."""
+"""A worker SIGKILLed at any instant (idle, holding a lock, mid-result) wedges nothing (#74575)."""
 
 from __future__ import annotations
 
