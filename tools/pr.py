@@ -229,9 +229,18 @@ class PrPreparer:
                 if ln.startswith(("CONFLICT", "error: patch failed", "error: "))
                 and "could not build fake" not in ln
             ]
+            earlier = read_series_names(self.layout.series_file)
+            earlier = earlier[: earlier.index(patch.name)] if patch.name in earlier else []
+            hint = (
+                f"; it builds on {', '.join(n.split('-', 1)[0] for n in earlier)} of the series: "
+                "prepare and merge those first (nox -s pr -- --repo REPO N), or use --base with a branch "
+                "that has them"
+                if earlier
+                else ""
+            )
             raise PrError(
                 f"{patch}: does not apply to {self.base} ({base_sha[:10]}) even with 3-way merge: "
-                f"{where[0] if where else _last_line(exc.stderr)}"
+                f"{where[0] if where else _last_line(exc.stderr)}{hint}"
             ) from exc
         original = git("log", "-1", "--format=%B", cwd=wt)
         msg = commitmsg.parse(original)
