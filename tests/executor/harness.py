@@ -237,10 +237,12 @@ def airflow_line() -> str:
 def fake_run(workload: Any) -> None:
     """Act out ``workload.ti.executor_config["fake"]`` in a worker, instead of running a task."""
     spec = (workload.ti.executor_config or {}).get("fake", {})
-    if started_dir := spec.get("started_dir"):
-        Path(started_dir, f"{workload.ti.task_id}.{os.getpid()}").touch()
     if spec.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Announce the start only once the workload is set up as asked, so a test reacting to it never
+    # races the setup (a SIGTERM sent before SIG_IGN was in place would kill a "stubborn" worker).
+    if started_dir := spec.get("started_dir"):
+        Path(started_dir, f"{workload.ti.task_id}.{os.getpid()}").touch()
     if wait_for := spec.get("wait_for"):
         give_up = time.monotonic() + spec.get("wait_timeout", 60)
         while not os.path.exists(wait_for) and time.monotonic() < give_up:

@@ -107,7 +107,7 @@ def sigterm_during_dispatch(count: int) -> dict:
 def test_sigterm_during_dispatch_leaves_every_workload_sent_or_queued():
     # 100 workloads of 64 KiB: the signal comes while the batch is still being written. Unpatched,
     # SystemExit is raised in the middle of a pipe write and leaves half a workload in the pipe.
-    outcome = run_scenario(sigterm_during_dispatch, deadline=30, count=100)
+    outcome = run_scenario(sigterm_during_dispatch, deadline=15, count=100)
     assert outcome["interrupted"]
     # Every workload either went out whole (and was run and reported) or is still queued for the
     # scheduler; none is lost in between and none is both.
