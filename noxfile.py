@@ -130,7 +130,7 @@ def e2e(session: nox.Session) -> None:
 
     ``nox -s e2e -- --stage 0 --scenario kill-queued --db postgres``; not part of ``tests``.
     """
-    session.run(PYTHON, "-m", "tools.e2e", *session.posargs, external=True)
+    run_tools(session, "e2e", *session.posargs)
 
 
 @nox.session(venv_backend="none")
@@ -149,3 +149,15 @@ def backport(session: nox.Session) -> None:
 def pr(session: nox.Session) -> None:
     """Prepare one patch as an upstream PR: ``nox -s pr -- --repo ../airflow 3``."""
     run_tools(session, "pr", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Dispatch cost, throughput, recovery of every stage as ratios to base: ``nox -s bench -- --quick``."""
+    run_tools(session, "bench", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def chaos(session: nox.Session) -> None:
+    """Seeded SIGKILL/SIGTERM soak of every stage: ``nox -s chaos -- --runs 20 --seed 7``."""
+    run_tools(session, "chaos", *session.posargs)

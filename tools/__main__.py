@@ -18,12 +18,14 @@ COMMAND_MODULES = (
     "tools.checkout",
     "tools.verify",
     "tools.bench",
+    "tools.chaos",
     "tools.venvs",
     "tools.lock",
     "tools.newsfragments",
     "tools.overlay_install",
     "tools.backport",
     "tools.pr",
+    "tools.e2e",
 )
 
 

@@ -19,6 +19,7 @@ reason is in the JSON. ``build/bench/<line>.json`` has every sample.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +77,11 @@ def load_stages(line: Line, wanted: Iterable[int] | None = None) -> list[Stage]:
     if missing:
         raise ToolError(
             f"{line.name} has stages 0..{result.final}, not {', '.join(map(str, missing))}"
-            + ("" if result.ok else " (a patch failed to apply: python -m tools apply --line " + line.name + ")")
+            + (
+                ""
+                if result.ok
+                else " (a patch failed to apply: python -m tools apply --line " + line.name + ")"
+            )
         )
     return [Stage(k, names[k], result.code(k)) for k in chosen]
 
@@ -107,12 +113,17 @@ def stage_python(line: Line, stage: Stage, layout: Layout = DEFAULT, python: str
     python = python or sys.executable
     constraints = layout.constraints / f"{line.name}.txt"
     if not constraints.exists():
-        raise ToolError(f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`")
+        raise ToolError(
+            f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
+        )
     venv = layout.build / "stage-venvs" / line.name / str(stage.k)
     py = venv / "bin" / "python"
     stamp_file = venv / "lepatch-stamp.json"
-    stamp = {"python": str(Path(python).resolve()), "wheel_sha256": line.wheel_sha256,
-             "constraints_sha256": fetch.sha256_file(constraints)}
+    stamp = {
+        "python": str(Path(python).resolve()),
+        "wheel_sha256": line.wheel_sha256,
+        "constraints_sha256": fetch.sha256_file(constraints),
+    }
     current = json.loads(stamp_file.read_text()) if stamp_file.exists() and py.exists() else None
     if current != stamp:
         wheel = fetch.ensure_wheel(line, layout)
@@ -123,7 +134,14 @@ def stage_python(line: Line, stage: Stage, layout: Layout = DEFAULT, python: str
         # why copy: uv hardlinks from its cache by default, and a file swapped in place in any
         # venv sharing that inode would change the "base" of every other one.
         venvs.run_uv(
-            "pip", "install", "--quiet", "--python", str(py), "-c", str(constraints), str(wheel),
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(py),
+            "-c",
+            str(constraints),
+            str(wheel),
             env={"UV_COMPILE_BYTECODE": "1", "UV_LINK_MODE": "copy"},
         )
         stamp_file.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
@@ -150,7 +168,9 @@ def probe_env(layout: Layout) -> dict[str, str]:
     return env
 
 
-def run_probe(python: Path, probe: Path, request: dict[str, Any], timeout: float, layout: Layout) -> dict[str, Any]:
+def run_probe(
+    python: Path, probe: Path, request: dict[str, Any], timeout: float, layout: Layout
+) -> dict[str, Any]:
     """Run a probe script in its own process group; kill the group if it overruns ``timeout``."""
     with tempfile.TemporaryDirectory(prefix="lepatch-probe-") as tmp:
         req = Path(tmp, "request.json")
@@ -159,19 +179,26 @@ def run_probe(python: Path, probe: Path, request: dict[str, Any], timeout: float
         with out.open("wb") as fo, err.open("wb") as fe:
             proc = subprocess.Popen(
                 [str(python), str(probe), str(req)],
-                stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=probe_env(layout), start_new_session=True,
+                stdout=fo,
+                stderr=fe,
+                stdin=subprocess.DEVNULL,
+                env=probe_env(layout),
+                start_new_session=True,
             )
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return {"error": f"probe overran its {timeout:.0f}s bound and was killed"}
-            finally:
+                # SIGTERM first: the probe then kills its scenario's process group (its own).
+                os.killpg(proc.pid, signal.SIGTERM)
                 try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                return {"error": f"probe overran its {timeout:.0f}s bound and was stopped"}
+            finally:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind
-                except ProcessLookupError:
-                    pass
         if proc.returncode != 0:
             tail = err.read_text(errors="replace").strip().splitlines()[-3:]
             return {"error": f"probe exited {proc.returncode}: " + " | ".join(tail)}
@@ -198,21 +225,29 @@ class Row:
 @dataclass
 class Config:
     runs: int = 20  # samples of the dispatch figures per stage
-    rounds: int = 4  # round-robin passes over the stages
+    rounds: int = 2  # round-robin passes over the stages
     parallelism: int = 4
     small: int = 200
     large: int = 2000
     huge: int = 20000
     throughput_n: int = 2000
     scale_parallelism: tuple[int, ...] = (2, 8, 32)
-    scale_runs: int = 3
+    scale_runs: int = 1
     recovery_wait: float = 3.0
     stuck_after: float = 1.5
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(runs=3, rounds=1, large=1000, huge=0, throughput_n=300, scale_parallelism=(),
-                   scale_runs=1, recovery_wait=2.0)
+        return cls(
+            runs=3,
+            rounds=1,
+            large=1000,
+            huge=0,
+            throughput_n=300,
+            scale_parallelism=(),
+            scale_runs=1,
+            recovery_wait=2.0,
+        )
 
     def per_round(self, total: int, r: int) -> int:
         """How many of ``total`` samples round ``r`` takes (earlier rounds take the remainder)."""
@@ -229,7 +264,7 @@ def rows(cfg: Config) -> list[Row]:
         Row(f"results_{big}", f"all {big} results read p{p}", "ms"),
         Row("throughput", f"throughput {cfg.throughput_n}, {p} in flight", "tasks/s", "higher"),
         Row("recovery_failed", "SIGKILL busy -> key failed", "ms"),
-        Row("recovery_syncs", "  sync() calls until failed", "calls"),
+        Row("recovery_syncs", "  sync() calls after death", "calls"),
         Row("recovery_next", "SIGKILL busy -> next runs", "ms"),
     ]
     if cfg.huge:
@@ -263,14 +298,32 @@ def plan_round(cfg: Config, r: int) -> dict[str, list[dict[str, Any]]]:
     n_small, n_big = cfg.per_round(cfg.runs, r), cfg.per_round(cfg.runs, r)
     add(stage, f"dispatch_{s}", n_small, kind="dispatch", n=s, parallelism=p, wait=20.0)
     add(stage, f"dispatch_{big}", n_big, kind="dispatch", n=big, parallelism=p, wait=wait_big)
-    add(stage, "throughput", cfg.per_round(max(cfg.rounds, 1), r), kind="throughput", n=cfg.throughput_n,
-        parallelism=p, wait=max(30.0, cfg.throughput_n / 100))
-    add(stage, "recovery", cfg.per_round(max(cfg.rounds, 1), r), kind="recovery", parallelism=p,
-        wait=cfg.recovery_wait)
+    add(
+        stage,
+        "throughput",
+        cfg.per_round(max(cfg.rounds, 1), r),
+        kind="throughput",
+        n=cfg.throughput_n,
+        parallelism=p,
+        wait=max(30.0, cfg.throughput_n / 100),
+    )
+    add(
+        stage,
+        "recovery",
+        cfg.per_round(max(cfg.rounds, 1), r),
+        kind="recovery",
+        parallelism=p,
+        wait=cfg.recovery_wait,
+    )
     scale: list[tuple[str, dict[str, Any]]] = []
     if cfg.huge:
-        scale.append((f"dispatch_{cfg.huge}", {"n": cfg.huge, "parallelism": p, "wait": max(60.0, cfg.huge / 200)}))
-    scale += [(f"dispatch_{big}_p{q}", {"n": big, "parallelism": q, "wait": wait_big}) for q in cfg.scale_parallelism]
+        scale.append(
+            (f"dispatch_{cfg.huge}", {"n": cfg.huge, "parallelism": p, "wait": max(60.0, cfg.huge / 200)})
+        )
+    scale += [
+        (f"dispatch_{big}_p{q}", {"n": big, "parallelism": q, "wait": wait_big})
+        for q in cfg.scale_parallelism
+    ]
     for i, (ident, spec) in enumerate(scale):
         runs = 1 if ident == f"dispatch_{cfg.huge}" else cfg.scale_runs
         # Round-robin the scaling configurations over the rounds, so every round costs alike.
@@ -278,8 +331,15 @@ def plan_round(cfg: Config, r: int) -> dict[str, list[dict[str, Any]]]:
         add(stage, ident, share[r], kind="dispatch", **spec)
     add(peers, f"ppe_{s}", n_small, kind="ppe", n=s, parallelism=p, throughput=False)
     add(peers, f"ppe_{big}", n_big, kind="ppe", n=big, parallelism=p, throughput=False)
-    add(peers, "ppe_throughput", cfg.per_round(max(cfg.rounds, 1), r), kind="ppe", n=cfg.throughput_n,
-        parallelism=p, throughput=True)
+    add(
+        peers,
+        "ppe_throughput",
+        cfg.per_round(max(cfg.rounds, 1), r),
+        kind="ppe",
+        n=cfg.throughput_n,
+        parallelism=p,
+        throughput=True,
+    )
     add(peers, f"floor_{s}", n_small, kind="floor", n=s)
     add(peers, f"floor_{big}", n_big, kind="floor", n=big)
     return {"stage": stage, "peers": peers}
@@ -318,25 +378,30 @@ def row_fields(measurement: str) -> list[tuple[str, str, str]]:
 @dataclass
 class Cell:
     samples: list[float] = field(default_factory=list)
-    outcome: str = ""  # "" when measured; else "hang: ...", "never: ...", "n/a: ...", "error: ..."
+    # Runs that produced no figure: "hang: ...", "never: ...", "n/a: ...", "error: ..."
+    outcomes: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"samples": [round(x, 3) for x in self.samples]}
-        if self.outcome:
-            out["outcome"] = self.outcome
+        if self.outcomes:
+            out["outcomes"] = self.outcomes
         if self.samples:
-            out.update(median=round(median(self.samples), 3), p25=round(quantile(self.samples, 0.25), 3),
-                       p75=round(quantile(self.samples, 0.75), 3), n=len(self.samples))
+            out.update(
+                median=round(median(self.samples), 3),
+                p25=round(quantile(self.samples, 0.25), 3),
+                p75=round(quantile(self.samples, 0.75), 3),
+                n=len(self.samples),
+            )
         return out
 
     @property
     def value(self) -> float | None:
-        return median(self.samples) if self.samples and not self.outcome else None
+        return median(self.samples) if self.samples else None
 
     @property
     def word(self) -> str:
-        """What to print instead of a number: the first word of the outcome."""
-        return self.outcome.split(":", 1)[0] if self.outcome else ("-" if not self.samples else "")
+        """What to print instead of a number: the first word of the first outcome."""
+        return self.outcomes[0].split(":", 1)[0] if self.outcomes else "-"
 
 
 def median(xs: Sequence[float]) -> float:
@@ -371,23 +436,27 @@ class Results:
         return self.cells.setdefault((row, column), Cell())
 
     def add(self, column: str, result: dict[str, Any]) -> None:
-        """Fold one probe result (``{"id": "m@r", field: [samples], ...}``) into the cells."""
+        """Fold one probe result (``{"id": "m@r", field: [samples], ...}``) into the cells.
+
+        A measurement that produced no figure at all is not tried again in later rounds
+        (base deadlocking on a big batch stays deadlocked); one that hung after some runs is
+        (an intermittent hang is counted, and the samples before it are kept).
+        """
         measurement = result["id"].split("@", 1)[0]
         outcome = result.get("outcome", "")
+        measured = False
         for row, kind, fld in row_fields(measurement):
-            col = column if kind == "stage" else kind
-            cell = self.cell(row, col)
+            cell = self.cell(row, column if kind == "stage" else kind)
             values = result.get(fld, [])
-            if outcome:
-                cell.outcome = cell.outcome or outcome
-                self.blocked.add((measurement, column))
-                continue
+            cell.samples.extend(float(v) for v in values if v is not None)
+            measured = measured or any(v is not None for v in values)
             if any(v is None for v in values):
                 # Only recovery reports None: the executor never got there within the wait.
-                wait = result.get("wait_s", 0)
-                cell.outcome = cell.outcome or f"never: not within {wait:g}s of the SIGKILL"
-                self.blocked.add((measurement, column))
-            cell.samples.extend(float(v) for v in values if v is not None)
+                cell.outcomes.append(f"never: not within {result.get('wait_s', 0):g}s of the SIGKILL")
+            if outcome:
+                cell.outcomes.append(outcome)
+        if not measured:
+            self.blocked.add((measurement, column))
 
     def value(self, row: str, column: str) -> float | None:
         cell = self.cells.get((row, column))
@@ -405,7 +474,7 @@ def fmt_number(x: float) -> str:
 
 
 def render(results: Results, table_rows: list[Row], columns: list[tuple[str, str]]) -> str:
-    """Rows x columns; each cell ``median (ratio to base)``; a row of IQRs below each timing row."""
+    """Rows x columns; each cell ``median (ratio to base)``, ``!`` when some runs gave no figure."""
     label_w = max(len(f"{r.label} ({r.unit})") for r in table_rows) + 1
     header_cells = [title for _, title in columns]
     body: list[list[str]] = []
@@ -418,10 +487,11 @@ def render(results: Results, table_rows: list[Row], columns: list[tuple[str, str
                 line.append("")
                 continue
             if cell.value is None:
-                line.append(cell.word or "-")
+                line.append(cell.word)
                 continue
             r = ratio(cell.value, base)
-            line.append(f"{fmt_number(cell.value)} ({r:.2f})" if r is not None else f"{fmt_number(cell.value)} (-)")
+            mark = "!" if cell.outcomes else ""
+            line.append(f"{fmt_number(cell.value)} ({'-' if r is None else f'{r:.2f}'}){mark}")
         body.append(line)
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header_cells)]
     out = [" " * label_w + "  ".join(h.rjust(w) for h, w in zip(header_cells, widths, strict=True))]
@@ -454,8 +524,10 @@ def render_spread(results: Results, table_rows: list[Row], columns: list[tuple[s
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     out = [" " * label_w + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     for row, line in zip(kept, body, strict=True):
-        out.append(f"{row.label} ({row.unit})".ljust(label_w) + "  ".join(
-            c.rjust(w) for c, w in zip(line, widths, strict=True)))
+        out.append(
+            f"{row.label} ({row.unit})".ljust(label_w)
+            + "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True))
+        )
     return "\n".join(out)
 
 
@@ -471,19 +543,33 @@ def targets(results: Results, cfg: Config, last: str) -> list[str]:
 
     for row in (f"dispatch_{s}", f"results_{s}"):
         r = ratio(results.value(row, last), results.value(row, BASE))
-        check(f"{row} <= base", None if r is None else r <= noise, "ratio " + ("-" if r is None else f"{r:.2f}"))
+        check(
+            f"{row} <= base", None if r is None else r <= noise, "ratio " + ("-" if r is None else f"{r:.2f}")
+        )
     mine, ppe = results.value(f"results_{s}", last), results.value(f"results_{s}", "ppe")
-    check(f"results_{s} < ProcessPoolExecutor", None if mine is None or ppe is None else mine < ppe,
-          "-" if mine is None or ppe is None else f"{mine:.1f} ms vs {ppe:.1f} ms")
+    check(
+        f"results_{s} < ProcessPoolExecutor",
+        None if mine is None or ppe is None else mine < ppe,
+        "-" if mine is None or ppe is None else f"{mine:.1f} ms vs {ppe:.1f} ms",
+    )
     r = ratio(results.value("throughput", last), results.value("throughput", BASE))
-    check("throughput >= base", None if r is None else r >= 1 / noise, "ratio " + ("-" if r is None else f"{r:.2f}"))
+    check(
+        "throughput >= base",
+        None if r is None else r >= 1 / noise,
+        "ratio " + ("-" if r is None else f"{r:.2f}"),
+    )
     syncs = results.value("recovery_syncs", last)
-    check("SIGKILL recovered within one sync()", None if syncs is None else syncs <= 1.0,
-          "-" if syncs is None else f"median {syncs:g} sync() calls")
+    check(
+        "SIGKILL recovered within one sync()",
+        None if syncs is None else syncs <= 1.0,
+        "-" if syncs is None else f"median {syncs:g} sync() calls",
+    )
     base_big = results.cells.get((f"dispatch_{big}", BASE))
-    check(f"base hangs on {big} in one batch (the bug is real here)",
-          None if base_big is None else base_big.word == "hang",
-          "-" if base_big is None else (base_big.word or "measured"))
+    check(
+        f"base hangs on {big} in one batch (the bug is real here)",
+        None if base_big is None else (base_big.value is None and base_big.word == "hang"),
+        "-" if base_big is None else (base_big.word if base_big.value is None else "measured"),
+    )
     return lines
 
 
@@ -525,8 +611,9 @@ class Bench:
                     continue
                 t0 = time.monotonic()
                 python = pythons[BASE if column == PEERS else column]
-                payload = run_probe(python, PROBE, {"specs": specs, "stuck_after": self.cfg.stuck_after},
-                                    timeout=self.budget(specs), layout=self.layout)
+                budget = self.budget(specs)
+                request = {"specs": specs, "stuck_after": self.cfg.stuck_after, "deadline": budget - 30}
+                payload = run_probe(python, PROBE, request, timeout=budget, layout=self.layout)
                 if "error" in payload:
                     for spec in specs:
                         self.results.add(column, {"id": spec["id"], "outcome": "error: " + payload["error"]})
@@ -590,8 +677,10 @@ def run_bench(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
     seconds = time.monotonic() - started
     table_rows = [r for r in rows(cfg) if any(rid == r.id for rid, _ in bench.results.cells)]
     columns = bench.columns()
-    print(f"\nbench {line.name} ({line.version}), fork, no-op tasks; {cfg.runs} samples per dispatch figure "
-          f"over {cfg.rounds} interleaved rounds; {seconds:.0f}s")
+    print(
+        f"\nbench {line.name} ({line.version}), fork, no-op tasks; {cfg.runs} samples per dispatch figure "
+        f"over {cfg.rounds} interleaved rounds; {seconds:.0f}s"
+    )
     print("median (ratio to base in this run; < 1 is faster, except throughput)\n")
     print(render(bench.results, table_rows, columns))
     spread = render_spread(bench.results, table_rows, columns)
@@ -599,9 +688,11 @@ def run_bench(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
         print("\nspread: half the interquartile range, as % of the median; n samples\n")
         print(spread)
     print("\nstages: " + "; ".join(f"{s.short} = {s.title}" for s in stages))
-    reasons = sorted({(c.word, c.outcome) for c in bench.results.cells.values() if c.outcome})
-    for _, outcome in reasons:
-        print(f"  {outcome}")
+    print("! = some runs of this cell produced no figure; why, per cell:")
+    for (row, col), cell in sorted(bench.results.cells.items()):
+        for outcome, count in sorted(Counter(cell.outcomes).items()):
+            name = "base" if col == BASE else col
+            print(f"  {row} [{name}] x{count}: {outcome}")
     last = stages[-1]
     if last.k:
         print(f"\ntargets on stage {last.k} (ratio <= 1.10 counts as no slower, within noise):")
@@ -619,7 +710,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--line", help=f"release line (default {pins.PRIMARY.name})")
     p.add_argument("--stages", help="stages to measure, e.g. 0,3,5-8 (default: all; base is always included)")
     p.add_argument("--runs", type=int, help="samples per dispatch figure and stage (default 20; --quick 3)")
-    p.add_argument("--rounds", type=int, help="interleaved round-robin passes (default 4)")
+    p.add_argument("--rounds", type=int, help="interleaved round-robin passes (default 2)")
     p.add_argument("--quick", action="store_true", help="a small smoke configuration (about a minute)")
     p.add_argument("--no-peers", action="store_true", help="skip ProcessPoolExecutor and the pipe floor")
     p.add_argument("--json", type=Path, help="where to write the JSON (default build/bench/<line>.json)")

@@ -19,7 +19,8 @@ Measurement kinds (all no-op tasks, fork, realistic ~1.7 KB ``ExecuteTask`` work
                (what the scheduler does), ``sync()`` every 1 ms: tasks per second.
 ``recovery``   every worker busy, SIGKILL one, dispatch one more workload at once: ms until
                the killed worker's key is reported failed (and how many ``sync()`` calls
-               that took) and ms until the new workload runs (on a replacement worker).
+               made after the worker was dead that took) and ms until the new workload runs
+               (on a replacement worker).
 ``ppe``        the same no-op work through ``concurrent.futures.ProcessPoolExecutor``:
                ms until n results are back (``runs`` times), or tasks/s with
                ``parallelism`` in flight (``throughput`` in the spec).
@@ -34,7 +35,10 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,7 @@ import harness  # noqa: E402
 
 POLL = 0.001  # the scheduler-like loop: sync() then sleep 1 ms
 SETTLE = 0.05  # let freshly forked workers reach their first read before timing
+END_BUDGET = 5.0  # end() of an executor with nothing left to run takes milliseconds
 
 
 class Abandon(Exception):
@@ -55,6 +60,68 @@ class Abandon(Exception):
 # --------------------------------------------------------------------------------------
 # Inside the scenario process (airflow importable, fake runner installed by the harness).
 # --------------------------------------------------------------------------------------
+
+
+class Watch:
+    """Kill this scenario's whole process group when one step overruns its budget.
+
+    The harness watchdog recognises a deadlock (everything asleep in a pipe or a lock) in
+    about a second, but not a step that spins forever, e.g. ``end()`` polling ``join(0.05)``
+    on a worker that never gets its poison pill. ``arm(seconds, what)`` before such a step;
+    on overrun ``on_overrun(reason)`` records it (the reason names where the main thread is)
+    and the group is killed, so the probe moves on to the next measurement in a fresh child.
+    The thread sleeps in a futex wait, which the harness counts as blocked: it never hides
+    a deadlock from the harness watchdog.
+    """
+
+    def __init__(
+        self, on_overrun: Callable[[str], None], checkpoint: Callable[[str], None] = lambda phase: None
+    ) -> None:
+        self._on_overrun = on_overrun
+        self.checkpoint = checkpoint  # save what was measured so far, naming the step about to run
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._what = ""
+        self._main = threading.main_thread().ident
+        threading.Thread(target=self._run, name="lepatch-watch", daemon=True).start()
+
+    def arm(self, seconds: float, what: str) -> None:
+        with self._cond:
+            self._deadline, self._what = (
+                time.monotonic() + seconds,
+                f"{what} still running after {seconds:g}s",
+            )
+            self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._deadline = None
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                break
+        frame = sys._current_frames().get(self._main or 0)
+        where = (
+            " <- ".join(
+                f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                for f in reversed(traceback.extract_stack(frame)[-3:])
+            )
+            if frame
+            else "?"
+        )
+        try:
+            self._on_overrun(f"hang: {self._what}, in {where}")
+        finally:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def _workloads(prefix: str, n: int) -> list[Any]:
@@ -73,19 +140,43 @@ def _drain_events(executor: Any, terminal: set[Any]) -> int:
     return sum(1 for state, _ in events.values() if state in terminal)
 
 
-def measure_dispatch(n: int, parallelism: int, runs: int, wait: float) -> dict[str, Any]:
+def _dead(pid: int) -> bool:
+    """A zombie or gone: nothing of it runs any more (its parent may not have reaped it yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+def _end(executor: Any, watch: Watch) -> None:
+    # end() of unpatched 3.3.2 itself hangs now and then (a worker left without its poison
+    # pill): keep the samples taken so far if the watchdog has to kill us in there.
+    watch.checkpoint("end()")
+    watch.arm(END_BUDGET, "end()")
+    executor.end()
+    watch.disarm()
+    watch.checkpoint("")
+
+
+def measure_dispatch(
+    rec: dict[str, Any], watch: Watch, n: int, parallelism: int, runs: int, wait: float
+) -> None:
     terminal = _terminal()
     batch = _workloads("d", n)
-    dispatch_ms: list[float] = []
-    results_ms: list[float] = []
+    rec["workload_bytes"] = len(pickle.dumps(batch[0]))
+    dispatch_ms: list[float] = rec.setdefault("dispatch_ms", [])
+    results_ms: list[float] = rec.setdefault("results_ms", [])
     for _ in range(runs):
         executor = harness.new_executor(parallelism)
         time.sleep(SETTLE)
         for workload in batch:
             executor.queue_workload(workload, session=None)
+        watch.arm(wait, f"_process_workloads({n})")
         t0 = time.perf_counter()
         executor._process_workloads(batch)
         t1 = time.perf_counter()
+        watch.disarm()
         done = 0
         give_up = time.monotonic() + wait
         while done < n and time.monotonic() < give_up:
@@ -95,26 +186,24 @@ def measure_dispatch(n: int, parallelism: int, runs: int, wait: float) -> dict[s
                 time.sleep(POLL)
         t2 = time.perf_counter()
         if done < n:
-            raise Abandon(f"hang: {n - done} of {n} results never arrived within {wait:.0f}s")
-        executor.end()
+            raise Abandon(f"hang: {n - done} of {n} results never arrived within {wait:g}s")
         dispatch_ms.append((t1 - t0) * 1000)
         results_ms.append((t2 - t0) * 1000)
-    return {
-        "dispatch_ms": dispatch_ms,
-        "results_ms": results_ms,
-        "workload_bytes": len(pickle.dumps(batch[0])),
-    }
+        _end(executor, watch)
 
 
-def measure_throughput(n: int, parallelism: int, runs: int, wait: float) -> dict[str, Any]:
+def measure_throughput(
+    rec: dict[str, Any], watch: Watch, n: int, parallelism: int, runs: int, wait: float
+) -> None:
     terminal = _terminal()
-    rates: list[float] = []
+    rates: list[float] = rec.setdefault("tasks_per_s", [])
     for run in range(runs):
         pending = _workloads(f"t{run}", n)
         pending.reverse()
         executor = harness.new_executor(parallelism)
         time.sleep(SETTLE)
         dispatched = done = 0
+        watch.arm(wait + 10, f"throughput loop ({n} tasks)")
         t0 = time.perf_counter()
         give_up = time.monotonic() + wait
         while done < n and time.monotonic() < give_up:
@@ -129,19 +218,20 @@ def measure_throughput(n: int, parallelism: int, runs: int, wait: float) -> dict
             done += _drain_events(executor, terminal)
             time.sleep(POLL)
         elapsed = time.perf_counter() - t0
+        watch.disarm()
         if done < n:
-            raise Abandon(f"hang: {n - done} of {n} tasks unfinished after {wait:.0f}s")
-        executor.end()
+            raise Abandon(f"hang: {n - done} of {n} tasks unfinished after {wait:g}s")
         rates.append(n / elapsed)
-    return {"tasks_per_s": rates}
+        _end(executor, watch)
 
 
-def measure_recovery(parallelism: int, runs: int, wait: float) -> dict[str, Any]:
+def measure_recovery(rec: dict[str, Any], watch: Watch, parallelism: int, runs: int, wait: float) -> None:
     from airflow.utils.state import TaskInstanceState
 
-    failed_ms: list[float | None] = []
-    next_ms: list[float | None] = []
-    syncs: list[int | None] = []
+    rec["wait_s"] = wait
+    failed_ms: list[float | None] = rec.setdefault("failed_ms", [])
+    next_ms: list[float | None] = rec.setdefault("next_ms", [])
+    syncs: list[int | None] = rec.setdefault("syncs_to_failed", [])
     for run in range(runs):
         started = tempfile.mkdtemp(prefix="lepatch-bench-started-")
         release = os.path.join(started, "release")
@@ -150,8 +240,9 @@ def measure_recovery(parallelism: int, runs: int, wait: float) -> dict[str, Any]
             for i in range(parallelism)
         ]
         executor = harness.new_executor(parallelism)
+        watch.arm(wait + 30, "recovery")
         harness.dispatch(executor, busy)
-        if not harness.wait_until(lambda: len(os.listdir(started)) == parallelism, timeout=30):
+        if not harness.wait_until(lambda d=started: len(os.listdir(d)) == parallelism, timeout=30):
             raise Abandon(f"n/a: only {len(os.listdir(started))} of {parallelism} busy tasks started")
         victim_task, victim_pid = sorted(os.listdir(started))[0].rsplit(".", 1)
         victim_key = next(harness.key_of(w) for w in busy if w.ti.task_id == victim_task)
@@ -164,8 +255,11 @@ def measure_recovery(parallelism: int, runs: int, wait: float) -> dict[str, Any]
         count = failed_syncs = 0
         give_up = time.monotonic() + wait
         while (t_failed is None or t_next is None) and time.monotonic() < give_up:
+            # Count only the sync() calls made once the kernel has finished the worker off:
+            # "within one sync()" means the first look after the death reports it.
+            dead = _dead(int(victim_pid))
             executor.sync()
-            count += 1
+            count += 1 if dead else 0
             now = time.perf_counter()
             event = executor.event_buffer.get(victim_key)
             if t_failed is None and event is not None and event[0] == TaskInstanceState.FAILED:
@@ -173,6 +267,7 @@ def measure_recovery(parallelism: int, runs: int, wait: float) -> dict[str, Any]
             if t_next is None and any(name.startswith(f"next{run}.") for name in os.listdir(started)):
                 t_next = now
             time.sleep(POLL)
+        watch.disarm()
         failed_ms.append(None if t_failed is None else (t_failed - t0) * 1000)
         next_ms.append(None if t_next is None else (t_next - t0) * 1000)
         syncs.append(None if t_failed is None else failed_syncs)
@@ -180,19 +275,21 @@ def measure_recovery(parallelism: int, runs: int, wait: float) -> dict[str, Any]
         if t_failed is None or t_next is None:
             # The executor lost track of a key or a slot; its end() cannot be trusted either.
             break
-        executor.end()
-    return {"failed_ms": failed_ms, "next_ms": next_ms, "syncs_to_failed": syncs, "wait_s": wait}
+        _end(executor, watch)
 
 
-def measure_ppe(n: int, parallelism: int, runs: int, throughput: bool) -> dict[str, Any]:
+def measure_ppe(
+    rec: dict[str, Any], watch: Watch, n: int, parallelism: int, runs: int, throughput: bool
+) -> None:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     batch = _workloads("p", n)
-    samples: list[float] = []
+    samples: list[float] = rec.setdefault("tasks_per_s" if throughput else "results_ms", [])
     for _ in range(runs):
         # ``bool(workload)`` is the no-op task: the workload is pickled to the worker and
         # unpickled there, a small result comes back, as with the executor.
+        watch.arm(60 + n / 100, "ProcessPoolExecutor")
         with ProcessPoolExecutor(parallelism, mp_context=multiprocessing.get_context("fork")) as pool:
             for f in [pool.submit(bool, w) for w in batch[:parallelism]]:
                 f.result()
@@ -213,7 +310,7 @@ def measure_ppe(n: int, parallelism: int, runs: int, throughput: bool) -> dict[s
                 for f in [pool.submit(bool, w) for w in batch]:
                     f.result()
                 samples.append((time.perf_counter() - t0) * 1000)
-    return {"tasks_per_s" if throughput else "results_ms": samples}
+        watch.disarm()
 
 
 def _drain(reader: Any, n: int) -> None:
@@ -221,13 +318,14 @@ def _drain(reader: Any, n: int) -> None:
         reader.recv_bytes()
 
 
-def measure_floor(n: int, runs: int) -> dict[str, Any]:
+def measure_floor(rec: dict[str, Any], watch: Watch, n: int, runs: int) -> None:
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
     batch = _workloads("f", n)
-    samples: list[float] = []
+    samples: list[float] = rec.setdefault("dispatch_ms", [])
     for _ in range(runs):
+        watch.arm(60 + n / 100, "pipe floor")
         reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_drain, args=(reader, n))
         proc.start()
@@ -239,10 +337,10 @@ def measure_floor(n: int, runs: int) -> dict[str, Any]:
         samples.append((time.perf_counter() - t0) * 1000)
         reader.close()
         writer.close()
-    return {"dispatch_ms": samples}
+        watch.disarm()
 
 
-MEASURES = {
+MEASURES: dict[str, Callable[..., None]] = {
     "dispatch": measure_dispatch,
     "throughput": measure_throughput,
     "recovery": measure_recovery,
@@ -251,21 +349,31 @@ MEASURES = {
 }
 
 
+def _append(progress: str, record: dict[str, Any]) -> None:
+    with open(progress, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 def run_measurements(specs: list[dict[str, Any]], progress: str) -> int:
     """The scenario: run ``specs`` in order, appending each outcome to ``progress`` as it finishes."""
+    rec: dict[str, Any] = {}
+    watch = Watch(
+        lambda reason: _append(progress, {**rec, "outcome": reason}),
+        lambda phase: _append(progress, {**rec, "partial": phase}),
+    )
     for spec in specs:
         args = {k: v for k, v in spec.items() if k not in ("kind", "id")}
-        with open(progress, "a") as f:
-            f.write(json.dumps({"id": spec["id"], "started": True}) + "\n")
+        _append(progress, {"id": spec["id"], "started": True})
+        rec.clear()
+        rec["id"] = spec["id"]
         try:
-            outcome: dict[str, Any] = {"id": spec["id"], **MEASURES[spec["kind"]](**args)}
+            MEASURES[spec["kind"]](rec, watch, **args)
         except Abandon as exc:
-            outcome = {"id": spec["id"], "outcome": str(exc)}
-        with open(progress, "a") as f:
-            f.write(json.dumps(outcome) + "\n")
-        if "outcome" in outcome:
+            rec["outcome"] = str(exc)
+        _append(progress, rec)
+        if "outcome" in rec:
             # Leave the broken executor behind with the whole process group; the rest run fresh.
-            raise Abandon(outcome["outcome"])
+            raise Abandon(rec["outcome"])
     return len(specs)
 
 
@@ -274,12 +382,14 @@ def run_measurements(specs: list[dict[str, Any]], progress: str) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def _read_progress(path: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The finished measurements, and the ids of those started (in order)."""
+def _read_progress(path: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, dict[str, Any]]]:
+    """The finished measurements, the ids of those started (in order), the last checkpoint of each."""
     if not path.exists():
-        return {}, []
+        return {}, [], {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {r["id"]: r for r in rows if not r.get("started")}, [r["id"] for r in rows if r.get("started")]
+    finished = {r["id"]: r for r in rows if not r.get("started") and "partial" not in r}
+    partial = {r["id"]: r for r in rows if "partial" in r}
+    return finished, [r["id"] for r in rows if r.get("started")], partial
 
 
 def _first_line(text: str) -> str:
@@ -301,20 +411,27 @@ def probe(specs: list[dict[str, Any]], stuck_after: float, deadline: float) -> l
                     progress=str(progress),
                 )
             except harness.ScenarioError as exc:
-                finished, started = _read_progress(progress)
+                finished, started, partial = _read_progress(progress)
                 done.update(finished)
-                # The measurement that was running when the child died is the one to blame.
+                # The measurement that was running when the child died is the one to blame;
+                # what it measured before its last checkpoint is kept.
                 current = next((i for i in reversed(started) if i not in done), None)
                 if current is not None:
                     reason = _first_line(str(exc))
                     kind = "hang" if ("deadlocked" in reason or "deadline" in reason) else "error"
-                    done[current] = {"id": current, "outcome": f"{kind}: {reason}"}
+                    saved = dict(partial.get(current, {"id": current}))
+                    phase = saved.pop("partial", "")
+                    where = f" in {phase}" if phase else ""
+                    done[current] = {**saved, "outcome": f"{kind}{where}: {reason}"}
             done.update(_read_progress(progress)[0])
             remaining = [s for s in remaining if s["id"] not in done]
         return [done[s["id"]] for s in specs]
 
 
 def main(argv: list[str]) -> int:
+    # SIGTERM from the driver (its bound ran out) unwinds through run_scenario, whose finally
+    # kills the scenario's process group: nothing is left behind.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(1))
     request = json.loads(Path(argv[0]).read_text())
     results = probe(request["specs"], request.get("stuck_after", 1.5), request.get("deadline", 300.0))
     print(json.dumps({"results": results, "python": sys.version.split()[0]}))

@@ -1,7 +1,7 @@
 """pytest plugin loaded by verify (``-p tools.fixed_by_plugin``): records, per test, the
-patch its ``fixed_by`` marker names (and its ``introduced_by``, if any) and its outcome, into the JSON file named by
-``$LEPATCH_VERIFY_RECORD``. Outcomes: ``pass``, ``fail`` (the test itself failed, a
-timeout included), ``error`` (setup or teardown failed), ``skip``.
+patch its ``fixed_by`` marker names (and its ``introduced_by``, if any) and its outcome,
+into the JSON file named by ``$LEPATCH_VERIFY_RECORD``. Outcomes: ``pass``, ``fail`` (the
+test itself failed, a timeout included), ``error`` (setup or teardown failed), ``skip``.
 """
 
 from __future__ import annotations
