@@ -389,6 +389,9 @@ def _read_progress(path: Path) -> dict[int, dict[str, Any]]:
     return runs
 
 
+RUNS_PER_CHILD = 10
+
+
 def probe(chunks: list[dict[str, Any]], stuck_after: float) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for chunk in chunks:
@@ -397,14 +400,16 @@ def probe(chunks: list[dict[str, Any]], stuck_after: float) -> list[dict[str, An
             progress = Path(tmp, "progress.jsonl")
             remaining = list(schedules)
             while remaining:
-                deadline = 30 + sum(s["budget_s"] + s["end_bound_s"] + 30 for s in remaining)
+                # The schedules travel on the child's command line: keep each child's share small.
+                batch = remaining[:RUNS_PER_CHILD]
+                deadline = 30 + sum(s["budget_s"] + s["end_bound_s"] + 30 for s in batch)
                 try:
                     harness.run_scenario(
                         chaos_runs,
                         start_method=chunk["start_method"],
                         deadline=deadline,
                         stuck_after=stuck_after,
-                        schedules=remaining,
+                        schedules=batch,
                         progress=str(progress),
                     )
                     failure = ""
