@@ -284,7 +284,6 @@ def run_one(sched: dict[str, Any], progress: str, watch: Any) -> dict[str, Any]:
     executor = harness.new_executor(parallelism)
     record_change_state(executor, events, t0)
     injector = Injector(sched["faults"], marker_dir, t0, record_fault)
-    injector.start()
     split = sched.get("late_from", len(workloads))
     pending = list(reversed(workloads[:split]))
     late = list(reversed(workloads[split:]))
@@ -293,6 +292,8 @@ def run_one(sched: dict[str, Any], progress: str, watch: Any) -> dict[str, Any]:
     dispatched: list[str] = []
     obs["dispatched"] = dispatched
     try:
+        # Inside the try: a SIGTERM due early (its time counts from t0) may land while it starts.
+        injector.start()
         give_up = t0 + sched["budget_s"]
         while time.monotonic() < give_up:
             if late and time.monotonic() >= late_at:
@@ -326,7 +327,8 @@ def run_one(sched: dict[str, Any], progress: str, watch: Any) -> dict[str, Any]:
         injector.phase = "end"
         injector.in_batch = False
         injector.stop.set()
-    injector.join(timeout=5)
+    if injector.ident is not None:
+        injector.join(timeout=5)
     obs["loop_s"] = round(time.monotonic() - t0, 3)
     # Keys the executor never took (still queued when SIGTERM interrupted the batch) are the
     # scheduler's to reschedule, not the executor's to report.
