@@ -30,6 +30,10 @@ from tools.layout import Layout
 from tools.series import fixed_by_markers
 
 PASS, FAIL, ERROR, SKIP, MISSING = "pass", "fail", "error", "skip", "missing"
+# Failed where it should pass, then passed when run again at once: the early stages carry races
+# of their own (the unpatched end() can lose a shutdown message), so one rerun is allowed and the
+# cell is shown as ``pass*`` rather than hidden.
+FLAKY = "flaky"
 
 
 @dataclass
@@ -39,10 +43,11 @@ class Cell:
 
     @property
     def unexpected(self) -> bool:
-        return self.outcome != self.expected
+        return (PASS if self.outcome == FLAKY else self.outcome) != self.expected
 
     def label(self) -> str:
-        text = {PASS: "pass", FAIL: "FAIL", ERROR: "ERR", SKIP: "skip", MISSING: "-"}.get(self.outcome, "?")
+        labels = {PASS: "pass", FLAKY: "pass*", FAIL: "FAIL", ERROR: "ERR", SKIP: "skip", MISSING: "-"}
+        text = labels.get(self.outcome, "?")
         return text + ("!" if self.unexpected else "")
 
 
@@ -112,7 +117,24 @@ def render(title: str, ev: Evaluation, series: Sequence[str]) -> str:
             short = f"{ev.introduced_by[nodeid]:04d}>{short}"
         cells = [row[k].label().ljust(width) for k in ev.stages]
         lines.append("  ".join([names[nodeid].ljust(first), short.ljust(8), *cells]))
+    if any(c.outcome == FLAKY for row in ev.rows.values() for c in row.values()):
+        lines.append("pass* = failed, then passed when run again at once (see the stage-K-rerun logs)")
     return "\n".join(ln.rstrip() for ln in lines)
+
+
+def _should_pass(
+    nodeid: str,
+    stage: int,
+    fixed: Mapping[str, str | None],
+    introduced: Mapping[str, str],
+    series: Sequence[str],
+) -> bool:
+    patch = fixed.get(nodeid)
+    if patch is None or patch not in series:
+        return False
+    cause = introduced.get(nodeid)
+    start = list(series).index(cause) + 1 if cause is not None and cause in series else 0
+    return expected_outcome(stage, list(series).index(patch) + 1, start) == PASS
 
 
 def parse_stage_range(text: str | None, final: int) -> list[int]:
@@ -135,6 +157,7 @@ def run_stage(
     tag: str,
     select: str | None,
     layout_root: Path,
+    nodeids: Sequence[str] = ("tests/executor",),
 ) -> tuple[dict[str, str], dict[str, str | None], dict[str, str], str | None]:
     """Run the marked tests against one stage: (outcomes, fixed_by, introduced_by, error or None)."""
     venvs.install_executor(python, source)
@@ -142,7 +165,7 @@ def run_stage(
     record = out_dir / f"{tag}.json"
     record.unlink(missing_ok=True)
     cmd = [
-        str(python), "-m", "pytest", "tests/executor", "-m", "fixed_by", "-p", "no:cacheprovider",
+        str(python), "-m", "pytest", *nodeids, "-m", "fixed_by", "-p", "no:cacheprovider",
         "-p", "tools.fixed_by_plugin", f"--junitxml={out_dir / f'{tag}.xml'}", "-q", "-rN",
     ]  # fmt: skip
     if select:
@@ -184,12 +207,28 @@ def _verify_line(
             got, fixed, introduced, error = run_stage(
                 python, res.code(k), layout.build / "verify" / name, f"stage-{k}", select, layout.root
             )
-            outcomes[k] = got
             fixed_by.update(fixed)
             introduced_by.update(introduced)
             if error:
                 errors.append(f"{name} stage {k}: {error}")
-            counts = {o: list(got.values()).count(o) for o in (PASS, FAIL, ERROR, SKIP)}
+            again = [
+                n
+                for n, o in got.items()
+                if o in (FAIL, ERROR) and _should_pass(n, k, fixed, introduced, series)
+            ]
+            if again and not error:
+                rerun, *_ = run_stage(
+                    python,
+                    res.code(k),
+                    layout.build / "verify" / name,
+                    f"stage-{k}-rerun",
+                    None,
+                    layout.root,
+                    again,
+                )
+                got.update({n: FLAKY for n in again if rerun.get(n) == PASS})
+            outcomes[k] = got
+            counts = {o: list(got.values()).count(o) for o in (PASS, FLAKY, FAIL, ERROR, SKIP)}
             summary = ", ".join(f"{v} {o}" for o, v in counts.items() if v) or "no tests ran"
             print(f"{name} stage {k}: {summary} ({time.monotonic() - started:.1f} s)", file=out, flush=True)
     finally:

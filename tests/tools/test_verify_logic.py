@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from tools.errors import ToolError
-from tools.verify import FAIL, PASS, evaluate, expected_outcome, parse_stage_range, render
+from tools.verify import (
+    FAIL,
+    FLAKY,
+    PASS,
+    _should_pass,
+    evaluate,
+    expected_outcome,
+    parse_stage_range,
+    render,
+)
 
 SERIES = ["0001-a.patch", "0002-b.patch", "0003-c.patch"]
 
@@ -62,3 +71,28 @@ def test_stage_range() -> None:
     assert parse_stage_range("-1", 3) == [0, 1]
     with pytest.raises(ToolError):
         parse_stage_range("2-5", 3)
+
+
+def test_introduced_by_expects_failure_only_between_the_two_patches() -> None:
+    assert [expected_outcome(k, 3, introduced_index=2) for k in range(5)] == [PASS, PASS, FAIL, PASS, PASS]
+    ev = evaluate(
+        {0: {"t": PASS}, 1: {"t": PASS}, 2: {"t": FAIL}, 3: {"t": PASS}},
+        {"t": SERIES[2]},
+        SERIES,
+        {"t": SERIES[1]},
+    )
+    assert ev.ok
+
+
+def test_a_cell_that_passed_on_its_rerun_is_expected_but_labelled() -> None:
+    ev = evaluate({0: {"t": FAIL}, 1: {"t": FLAKY}}, {"t": SERIES[0]}, SERIES)
+    assert ev.ok
+    assert ev.rows["t"][1].label() == "pass*"
+    assert "pass*" in render("3.3", ev, SERIES)
+
+
+def test_only_cells_that_should_pass_are_run_again() -> None:
+    fixed = {"t": SERIES[1]}
+    assert not _should_pass("t", 1, fixed, {}, SERIES)
+    assert _should_pass("t", 2, fixed, {}, SERIES)
+    assert not _should_pass("unknown", 2, fixed, {}, SERIES)
