@@ -18,21 +18,6 @@ import synthetic_airflow as syn
 PYTHON = Path(sys.executable)  # has pytest; the synthetic test needs nothing else
 
 
-@pytest.fixture(scope="module")
-def bases() -> dict[str, bytes]:
-    found = syn.all_bases()
-    if found is None:
-        pytest.skip("the pinned wheels are not at hand")
-    return found
-
-
-@pytest.fixture
-def world(tmp_path: Path, bases: dict[str, bytes]) -> tuple[Path, Layout, list[str]]:
-    repo = syn.make_airflow_repo(tmp_path / "airflow", bases)
-    names = syn.make_series(tmp_path / "patches", bases)
-    return repo, Layout(patches_dir=tmp_path / "patches"), names
-
-
 def git(repo: Path, *args: str) -> str:
     return syn.run("git", *args, cwd=repo)
 
