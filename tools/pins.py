@@ -27,6 +27,13 @@ class Line:
     # Other patch releases whose wheel and local_executor.py hashes are recorded, all
     # expected to carry the same local_executor.py as the base.
     covers: dict[str, str] = field(default_factory=dict)
+    # A pre-release base stands in for upstream main (the next line before its release).
+    prerelease: bool = False
+
+    @property
+    def label(self) -> str:
+        """How the line is shown everywhere: "3.3 (3.3.2)", "3.4 (3.4.0b2, pre-release)"."""
+        return f"{self.name} ({self.version}{', pre-release' if self.prerelease else ''})"
 
     @property
     def wheel_name(self) -> str:
@@ -65,6 +72,14 @@ LINES: tuple[Line, ...] = (
         covers={
             "3.1.7": "831ad153a0b94f467dd1fc720df234c0c47eaf4c3367508ae398d8525ca90f62",
         },
+    ),
+    Line(
+        name="3.4",
+        version="3.4.0b2",
+        wheel_sha256="3244cd958cef647aeaf6c5b6679598431c44e5ad7376d1eaec1d71a0d7593bb6",
+        source_sha256="6be50792ce223c671097cef9c29a689a09fbd842f9ea7524e372a564884d03e0",
+        branch="main",
+        prerelease=True,
     ),
 )
 
