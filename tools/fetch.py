@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from tools import pins
@@ -48,7 +49,7 @@ def wheel_filename(version: str) -> str:
     return f"{pins.DISTRIBUTION.replace('-', '_')}-{version}-py3-none-any.whl"
 
 
-def _pip_download(version: str, dest: Path) -> None:
+def pip_download(version: str, dest: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -76,6 +77,25 @@ def _pip_download(version: str, dest: Path) -> None:
         )
 
 
+# Downloads ``version``'s wheel into an empty directory (pip by default, a fake in tests).
+Download = Callable[[str, Path], None]
+
+
+def download_one(version: str, dest: Path, download: Download) -> Path:
+    """Download into the empty ``dest`` and return the one wheel that arrived."""
+    download(version, dest)
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        names = ", ".join(w.name for w in wheels) or "nothing"
+        raise ToolError(f"pip download of {pins.DISTRIBUTION}=={version} produced {names}")
+    return wheels[0]
+
+
+def unpinned_path(version: str, layout: Layout = DEFAULT) -> Path:
+    """Where ``pins --discover``/``--bump`` keep wheels no pin vouches for yet (apart from the cache)."""
+    return layout.cache / "unpinned" / wheel_filename(version)
+
+
 def _refuse(path: Path, version: str, expected: str, got: str) -> ToolError:
     path.unlink(missing_ok=True)
     return ToolError(
@@ -87,6 +107,13 @@ def _refuse(path: Path, version: str, expected: str, got: str) -> ToolError:
 def ensure_wheel(line_or_version: Line | str, layout: Layout = DEFAULT) -> Path:
     """The verified wheel of a pinned version in the cache, downloading it if needed."""
     version, expected = pinned_wheel(line_or_version)
+    return ensure_verified(version, expected, layout)
+
+
+def ensure_verified(
+    version: str, expected: str, layout: Layout = DEFAULT, download: Download | None = None
+) -> Path:
+    """The cached wheel of ``version`` whose sha256 is ``expected``, downloading it if needed."""
     cache = layout.cache
     target = cache / wheel_filename(version)
     if target.exists():
@@ -95,16 +122,20 @@ def ensure_wheel(line_or_version: Line | str, layout: Layout = DEFAULT) -> Path:
             raise _refuse(target, version, expected, got)
         return target
     cache.mkdir(parents=True, exist_ok=True)
+    # why: a release discover downloaded before it was pinned need not be fetched again; the
+    # pin is checked all the same, and a stale download is simply replaced.
+    seen = unpinned_path(version, layout)
+    if seen.is_file():
+        if sha256_file(seen) == expected:
+            os.replace(seen, target)
+            return target
+        seen.unlink()
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-        _pip_download(version, Path(tmp))
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if len(wheels) != 1:
-            names = ", ".join(w.name for w in wheels) or "nothing"
-            raise ToolError(f"pip download of {pins.DISTRIBUTION}=={version} produced {names}")
-        got = sha256_file(wheels[0])
+        wheel = download_one(version, Path(tmp), download or pip_download)
+        got = sha256_file(wheel)
         if got != expected:
-            raise _refuse(wheels[0], version, expected, got)
-        os.replace(wheels[0], target)
+            raise _refuse(wheel, version, expected, got)
+        os.replace(wheel, target)
     return target
 
 
@@ -154,10 +185,18 @@ def check_pins(layout: Layout = DEFAULT, out: object = None) -> bool:
 
 
 def _cmd_pins(args: argparse.Namespace) -> int:
+    from tools import releases  # the index tooling is needed by these two options only
+
+    if args.write and not args.discover:
+        raise ToolError("pins: --write records what --discover finds; pass both")
+    if args.discover:
+        return releases.run_discover(write=args.write)
+    if args.bump:
+        return releases.run_bump(*args.bump)
     if not args.check:
         for line in pins.LINES:
-            covers = ", ".join(sorted(line.covers)) or "-"
-            print(f"{line.name}  {line.version}  {line.branch}  covers: {covers}")
+            covers = ", ".join(sorted(line.covers, key=releases.version_key)) or "-"
+            print(f"{line.label}  {line.branch}  covers: {covers}")
         return 0
     ok = check_pins()
     print("all covered versions carry their line's base" if ok else "FAILED: pins check")
@@ -165,6 +204,26 @@ def _cmd_pins(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("pins", help="show the pinned lines; --check proves covered versions share a base")
-    p.add_argument("--check", action="store_true", help="download every covered version and compare hashes")
+    p = sub.add_parser(
+        "pins",
+        help="show the pinned lines; --check proves covered versions share a base; --discover, --bump",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--check", action="store_true", help="download every covered version and compare hashes"
+    )
+    mode.add_argument(
+        "--discover",
+        action="store_true",
+        help="hash local_executor.py of every release of each line on the index against the line's base",
+    )
+    mode.add_argument(
+        "--bump",
+        nargs=2,
+        metavar=("LINE", "VERSION"),
+        help="move LINE's base to VERSION (e.g. --bump 3.4 3.4.0) and rewrite tools/pins.py",
+    )
+    p.add_argument(
+        "--write", action="store_true", help="with --discover: record identical releases in covers"
+    )
     p.set_defaults(func=_cmd_pins)

@@ -36,7 +36,7 @@ def test_mismatched_download_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
     def fake_download(version: str, dest: Path) -> None:
         (dest / fetch.wheel_filename(version)).write_bytes(b"not a wheel")
 
-    monkeypatch.setattr(fetch, "_pip_download", fake_download)
+    monkeypatch.setattr(fetch, "pip_download", fake_download)
     layout = Layout(root=tmp_path)
     with pytest.raises(ToolError, match=r"refusing apache-airflow-core 3\.3\.1: wheel sha256 is"):
         fetch.ensure_wheel("3.3.1", layout)
