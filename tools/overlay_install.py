@@ -33,11 +33,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from tools import pins
+from tools import pins, releases
 from tools.errors import ToolError
 from tools.layout import DEFAULT as LAYOUT
 
@@ -151,7 +152,61 @@ class Status:
             )
         if self.state is OverlayState.FOREIGN:
             return f"unknown: {where} is not the pinned base and no overlay record exists (patched by hand?)"
-        return f"unsupported: {where}: version {self.env.version} is not pinned"
+        return f"unsupported: {where}: {unpinned_refusal(self.env.version, self.current_sha256)}"
+
+
+def unpinned_refusal(version: str, current_sha256: str, lines: Sequence[pins.Line] = pins.LINES) -> str:
+    """Why ``version`` gets no overlay, and the release to move to, in one sentence.
+
+    An overlay is verified against one ``local_executor.py`` and the release it came in; a
+    release with another file (3.1.0-3.1.3 on the 3.1 line) would need a base of its own and
+    the series applied and verified there, so it is refused with the nearest verified
+    release named, the smallest upgrade that is served.
+    """
+    refusing = "refusing, nothing changed"
+    if not releases.is_release(version):
+        return f"{pins.DISTRIBUTION} {version} is not a release any overlay is verified for; {refusing}"
+    line = next((ln for ln in lines if ln.name == releases.line_of(version)), None)
+    nearest = releases.nearest_verified(version, lines)
+    if line is not None and releases.version_key(version) > releases.version_key(line.version):
+        if current_sha256 == line.source_sha256:
+            return (
+                f"{pins.DISTRIBUTION} {version} ships the same local_executor.py as {line.version} "
+                f"(the {line.name} line's base) but is not recorded as verified: record it with "
+                f"`python -m tools pins --discover --write` in the series checkout; {refusing}"
+            )
+        return (
+            f"{pins.DISTRIBUTION} {version} is newer than {line.version} (the {line.name} line's base) "
+            f"and ships another local_executor.py, for which no overlay is verified yet "
+            f"(`python -m tools pins --bump {line.name} {version}`, then apply and verify the series); "
+            f"stay on {line.version} until then; {refusing}"
+        )
+    if nearest is None:
+        newest = max((ln.version for ln in lines), key=releases.version_key)
+        return (
+            f"{pins.DISTRIBUTION} {version} is newer than every pinned line (newest: {newest}); "
+            f"no overlay is verified for it; {refusing}"
+        )
+    to_line, to_version = nearest
+    verified = ", ".join(releases.verified_versions(to_line))
+    way = (
+        f"upgrade to {to_version}, the nearest verified release "
+        f"({'same line' if line is to_line else f'the {to_line.name} line'}; verified: {verified}), "
+        f"then install again; {refusing}"
+    )
+    if line is None:
+        return f"{pins.DISTRIBUTION} {version} is on no pinned release line; {way}"
+    if current_sha256 == line.source_sha256:
+        return (
+            f"{pins.DISTRIBUTION} {version} ships the same local_executor.py as {line.version} "
+            f"(the {line.name} line's base) but is not recorded as verified "
+            f"(`python -m tools pins --discover --write` would check it); or {way}"
+        )
+    return (
+        f"{pins.DISTRIBUTION} {version} ships a different local_executor.py than {line.version} "
+        f"(the {line.name} line's base; sha256 {current_sha256[:12]}, base {line.source_sha256[:12]}), "
+        f"so no overlay is verified for it; {way}"
+    )
 
 
 def sha256(data: bytes) -> str:
@@ -267,11 +322,7 @@ class OverlayInstaller:
         env = self.inspect()
         st = self.status(env)
         if st.state is OverlayState.UNPINNED or st.line is None:
-            known = ", ".join(sorted({v for ln in pins.LINES for v in (ln.version, *ln.covers)}))
-            raise OverlayError(
-                f"{env.target}: apache-airflow-core {env.version} is not a pinned version "
-                f"(verified: {known}); refusing, nothing changed"
-            )
+            raise OverlayError(f"{env.target}: {unpinned_refusal(env.version, st.current_sha256)}")
         line = st.line
         overlay_file = self.overlay_path(line)
         if not overlay_file.is_file():

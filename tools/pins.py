@@ -70,6 +70,8 @@ LINES: tuple[Line, ...] = (
         source_sha256="999f1d26e696db3f42efe359620f9a580ef4259ca66f5f866be8dee9cad621a0",
         branch="v3-1-test",
         covers={
+            "3.1.5": "2da6bf39b5473893fc6a2a9408b4bb9151c3a65b2133a4a23640cb66af79224c",
+            "3.1.6": "8021583e6ceb7cb98202035477a6cb7aa3c9a9b472174949ad1db597786ac35f",
             "3.1.7": "831ad153a0b94f467dd1fc720df234c0c47eaf4c3367508ae398d8525ca90f62",
         },
     ),

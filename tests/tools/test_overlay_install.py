@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -105,9 +106,62 @@ def test_install_status_restore_roundtrip(tmp_path: Path, base: bytes, overlay_d
 def test_refuses_unpinned_version(tmp_path: Path, base: bytes, overlay_dir: Path) -> None:
     python, _ = fake_env(tmp_path / "env", "3.0.6", base)
     before = snapshot(tmp_path / "env")
-    with pytest.raises(oi.OverlayError, match=r"3\.0\.6 is not a pinned version"):
+    with pytest.raises(oi.OverlayError, match=r"3\.0\.6 is on no pinned release line; upgrade to 3\.1\.5,"):
         make(python, overlay_dir, tmp_path).install()
     assert snapshot(tmp_path / "env") == before
+
+
+def test_a_release_with_another_file_is_refused_naming_the_upgrade(
+    tmp_path: Path, base: bytes, overlay_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """3.1.3 ships another local_executor.py than the 3.1 line's base: the nearest served release is named."""
+    python, _ = fake_env(tmp_path / "env", "3.1.3", b"# 3.1.3's own local_executor.py\n")
+    before = snapshot(tmp_path / "env")
+    assert oi.main(["install", "--python", str(python), "--overlay-dir", str(overlay_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert (
+        "apache-airflow-core 3.1.3 ships a different local_executor.py than 3.1.8 (the 3.1 line's base;"
+        in err
+    )
+    assert (
+        "upgrade to 3.1.5, the nearest verified release (same line; verified: 3.1.5, 3.1.6, 3.1.7, 3.1.8)"
+        in err
+    )
+    assert snapshot(tmp_path / "env") == before
+
+
+L31 = pins.get_line("3.1")
+
+
+@pytest.mark.parametrize(
+    ("version", "source", "expected"),
+    [
+        (
+            "3.1.4rc2",
+            "other",
+            r"3\.1\.4rc2 ships a different local_executor\.py than 3\.1\.8 .* upgrade to 3\.1\.5,",
+        ),
+        (
+            "3.1.2",
+            L31.source_sha256,
+            r"same local_executor\.py as 3\.1\.8 .* not recorded as verified .* upgrade to 3\.1\.5,",
+        ),
+        ("3.1.9", L31.source_sha256, r"3\.1\.9 ships the same .* `python -m tools pins --discover --write`"),
+        (
+            "3.1.9",
+            "other",
+            r"3\.1\.9 is newer than 3\.1\.8 .*`python -m tools pins --bump 3\.1 3\.1\.9`.* stay on 3\.1\.8",
+        ),
+        ("3.4.0b1", "other", r"upgrade to 3\.4\.0b2, the nearest verified release \(same line"),
+        ("9.0.0", "other", r"9\.0\.0 is newer than every pinned line"),
+        ("3.1", "other", r"3\.1 is not a release any overlay is verified for"),
+    ],
+)
+def test_unpinned_refusal_names_the_way_forward(version: str, source: str, expected: str) -> None:
+    message = oi.unpinned_refusal(version, source)
+    assert "\n" not in message and message.endswith("refusing, nothing changed")
+    assert re.search(expected, message), message
 
 
 def test_refuses_file_patched_by_someone_else(tmp_path: Path, base: bytes, overlay_dir: Path) -> None:
