@@ -12,7 +12,7 @@ from tools.errors import ToolError
 # Each module registers its subcommands with ``add_commands(subparsers)``; a subcommand's
 # ``func(args) -> int`` is the exit code. Add a module here to add commands.
 COMMAND_MODULES = (
-    "tools.fetch",
+    "tools.releases",
     "tools.series",
     "tools.apply",
     "tools.checkout",

@@ -7,7 +7,6 @@ is refused and removed, so the cache only ever holds verified wheels.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import subprocess
@@ -182,48 +181,3 @@ def check_pins(layout: Layout = DEFAULT, out: object = None) -> bool:
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return ok
-
-
-def _cmd_pins(args: argparse.Namespace) -> int:
-    from tools import releases  # the index tooling is needed by these two options only
-
-    if args.write and not args.discover:
-        raise ToolError("pins: --write records what --discover finds; pass both")
-    if args.discover:
-        return releases.run_discover(write=args.write)
-    if args.bump:
-        return releases.run_bump(*args.bump)
-    if not args.check:
-        for line in pins.LINES:
-            covers = ", ".join(sorted(line.covers, key=releases.version_key)) or "-"
-            print(f"{line.label}  {line.branch}  covers: {covers}")
-        return 0
-    ok = check_pins()
-    print("all covered versions carry their line's base" if ok else "FAILED: pins check")
-    return 0 if ok else 1
-
-
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "pins",
-        help="show the pinned lines; --check proves covered versions share a base; --discover, --bump",
-    )
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--check", action="store_true", help="download every covered version and compare hashes"
-    )
-    mode.add_argument(
-        "--discover",
-        action="store_true",
-        help="hash local_executor.py of every release of each line on the index against the line's base",
-    )
-    mode.add_argument(
-        "--bump",
-        nargs=2,
-        metavar=("LINE", "VERSION"),
-        help="move LINE's base to VERSION (e.g. --bump 3.4 3.4.0) and rewrite tools/pins.py",
-    )
-    p.add_argument(
-        "--write", action="store_true", help="with --discover: record identical releases in covers"
-    )
-    p.set_defaults(func=_cmd_pins)

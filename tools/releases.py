@@ -1,4 +1,4 @@
-"""Every release of each pinned line on the package index, held against the line's base.
+"""``python -m tools pins``: every release of each pinned line on the index, held against its base.
 
 ``discover`` lists the index's releases of each line, hashes the ``local_executor.py`` of
 each one's wheel and sorts them into the ones that carry the line's base byte for byte (an
@@ -14,6 +14,7 @@ The index is reached through :class:`Index`, so the tests hand in a fake one.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import os
@@ -439,3 +440,46 @@ def run_bump(
         print(note, file=out or sys.stdout)
     print(f"wrote {path}", file=out or sys.stdout)
     return 0
+
+
+def _cmd_pins(args: argparse.Namespace) -> int:
+    if args.write and not args.discover:
+        raise ToolError("pins: --write records what --discover finds; pass both")
+    if args.discover:
+        return run_discover(write=args.write)
+    if args.bump:
+        return run_bump(*args.bump)
+    if not args.check:
+        for line in pins.LINES:
+            covers = ", ".join(sorted(line.covers, key=version_key)) or "-"
+            print(f"{line.label}  {line.branch}  covers: {covers}")
+        return 0
+    ok = fetch.check_pins()
+    print("all covered versions carry their line's base" if ok else "FAILED: pins check")
+    return 0 if ok else 1
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "pins",
+        help="show the pinned lines; --check proves covered versions share a base; --discover, --bump",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--check", action="store_true", help="download every covered version and compare hashes"
+    )
+    mode.add_argument(
+        "--discover",
+        action="store_true",
+        help="hash local_executor.py of every release of each line on the index against the line's base",
+    )
+    mode.add_argument(
+        "--bump",
+        nargs=2,
+        metavar=("LINE", "VERSION"),
+        help="move LINE's base to VERSION (e.g. --bump 3.4 3.4.0) and rewrite tools/pins.py",
+    )
+    p.add_argument(
+        "--write", action="store_true", help="with --discover: record identical releases in covers"
+    )
+    p.set_defaults(func=_cmd_pins)
