@@ -25,7 +25,7 @@ COMMAND_MODULES = (
     "tools.overlay_install",
     "tools.backport",
     "tools.pr",
-    "tools.e2e",
+    "tools.e2e.cli",
 )
 
 

@@ -1,10 +1,10 @@
 """``nox -s e2e``: the executor under test in a real Airflow, with workers killed on purpose.
 
-For each scenario the driver starts a fresh stack on loopback (``tools.e2e_stack``: db migrate,
+For each scenario the driver starts a fresh stack on loopback (``tools.e2e.stack``: db migrate,
 then api-server, scheduler and dag-processor as separate processes, LocalExecutor, SQLite or
 PostgreSQL), triggers ``tests/e2e/dags/lepatch_e2e.py`` (30 short tasks, ``retries=1``) with the
-CLI, polls the REST API until the run is final or its deadline passes (``tools.e2e_watch``),
-prints a timeline (``tools.e2e_timeline``) and judges the outcome:
+CLI, polls the REST API until the run is final or its deadline passes (``tools.e2e.watch``),
+prints a timeline (``tools.e2e.timeline``) and judges the outcome:
 
 clean
     The run succeeds, every task on its first try.
@@ -34,11 +34,9 @@ report goes to ``build/e2e/report.json`` (and a timestamped copy); each stack's 
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -46,23 +44,19 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from types import FrameType
 
-from tools import e2e_procfs as procfs
 from tools import pins
-from tools.e2e_stack import AirflowStack, Postgres, StackConfig, StackError, tail
-from tools.e2e_timeline import format_timeline, rows_from_api, summarize
-from tools.e2e_watch import Json, RestApi, RunWatcher, TaskSnap, WatchResult
+from tools.e2e import procfs
+from tools.e2e.judge import Kill, judge
+from tools.e2e.stack import AirflowStack, Postgres, StackConfig, StackError, tail
+from tools.e2e.timeline import format_timeline, rows_from_api, summarize
+from tools.e2e.watch import Json, RestApi, RunWatcher, TaskSnap, WatchResult
 from tools.errors import ToolError
 from tools.layout import DEFAULT as LAYOUT
 
 DAG_FILE = LAYOUT.root / "tests" / "e2e" / "dags" / "lepatch_e2e.py"
 DAG_ID = "lepatch_e2e"
-N_TASKS = 30
 SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader")
-NOT_DONE = frozenset(
-    {None, "none", "scheduled", "queued", "running", "up_for_retry", "restarting", "deferred"}
-)
 
 
 # -- options and results -----------------------------------------------------------------------
@@ -82,19 +76,6 @@ class Options:
 
 
 @dataclass
-class Kill:
-    """What the driver killed and what the API said about the task at that moment."""
-
-    t: float
-    pid: int
-    task_id: str | None
-    ti_id: str | None
-    try_number: int | None
-    state_at_kill: str | None
-    detail: str
-
-
-@dataclass
 class ScenarioResult:
     name: str
     passed: bool
@@ -110,85 +91,6 @@ class ScenarioResult:
     timeline: str
     logs: str
     extra: Json = field(default_factory=dict)
-
-
-# -- judging (pure) ------------------------------------------------------------------------------
-
-
-def judge(
-    scenario: str,
-    watch: WatchResult,
-    deadline: float,
-    tasks: dict[str, TaskSnap],
-    tries: dict[str, list[Json]],
-    kill: Kill | None,
-    n_tasks: int = N_TASKS,
-) -> list[str]:
-    """Why the scenario failed, one line per reason; empty when it passed."""
-    failures: list[str] = []
-    killed = kill.task_id if kill else None
-    if scenario in ("kill-running", "kill-queued") and kill is None:
-        failures.append("the driver never killed a worker (see events)")
-    if not watch.final:
-        stuck = sorted(
-            (ts for ts in tasks.values() if ts.state in NOT_DONE),
-            key=lambda ts: (ts.task_id != killed, ts.task_id),
-        )
-        named = ", ".join(_describe_task(ts, killed) for ts in stuck[:4])
-        more = f" and {len(stuck) - 4} more" if len(stuck) > 4 else ""
-        failures.append(
-            f"run not final after {deadline:g} s (run state {watch.run_state}); "
-            f"{_counts_text(tasks)}" + (f"; not done: {named}{more}" if stuck else "")
-        )
-    if len(tasks) != n_tasks:
-        failures.append(f"expected {n_tasks} task instances, the API lists {len(tasks)}")
-    others_bad = [ts for ts in tasks.values() if ts.task_id != killed and ts.state != "success"]
-    if others_bad and watch.final:
-        failures.append(
-            "tasks not successful: "
-            + ", ".join(_describe_task(ts, killed) for ts in sorted(others_bad, key=lambda t: t.task_id))
-        )
-    if scenario == "clean":
-        again = sorted(ts.task_id for ts in tasks.values() if ts.try_number > 1)
-        if again:
-            failures.append(f"tasks retried in a clean run: {', '.join(again)}")
-    if scenario in ("clean", "kill-idle-reader") and watch.final and watch.run_state != "success":
-        failures.append(f"run ended {watch.run_state}, expected success")
-    if kill is not None and kill.task_id is not None:
-        failures += _judge_killed(kill, tasks.get(kill.task_id), tries.get(kill.task_id, []), watch.final)
-    return failures
-
-
-def _judge_killed(kill: Kill, ts: TaskSnap | None, tries: list[Json], final: bool) -> list[str]:
-    """The killed task must have been failed (its try ended) or re-dispatched, never left hanging."""
-    if ts is None:
-        return [f"the killed task {kill.task_id} is missing from the run"]
-    killed_try = kill.try_number or 1
-    first = next((d for d in tries if int(d.get("try_number") or 0) == killed_try), None)
-    retried = ts.try_number > killed_try
-    if ts.state in NOT_DONE and not retried:
-        return [
-            f"killed task {_describe_task(ts, None)} was neither failed nor re-dispatched "
-            f"({ts.state} since the kill at {kill.t:+.1f} s)"
-        ]
-    if retried and first is not None and first.get("state") not in ("failed", "up_for_retry"):
-        return [f"killed task {kill.task_id}: try {killed_try} ended {first.get('state')}, expected failed"]
-    if ts.state not in ("success", "failed") and final:
-        return [f"killed task {kill.task_id} ended {ts.state}"]
-    return []
-
-
-def _describe_task(ts: TaskSnap, killed: str | None) -> str:
-    mark = " (killed)" if ts.task_id == killed else ""
-    pid = f", pid {ts.pid}" if ts.pid else ", no pid"
-    return f"{ts.task_id}{mark} {ts.state or 'none'} try {ts.try_number}{pid}"
-
-
-def _counts_text(tasks: dict[str, TaskSnap]) -> str:
-    counts: dict[str, int] = {}
-    for ts in tasks.values():
-        counts[ts.state or "none"] = counts.get(ts.state or "none", 0) + 1
-    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 # -- the killers --------------------------------------------------------------------------------
@@ -579,7 +481,7 @@ def _health_text(h: Json | None) -> str:
 
 
 def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
-    from tools.e2e_venv import AirflowVenv, resolve_source
+    from tools.e2e.venv import AirflowVenv, resolve_source
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     workdir = opts.out / stamp
@@ -655,93 +557,3 @@ def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) 
             f"{ready:>7}{run_t:>10}  {detail}"
         )
     return "\n".join(lines)
-
-
-# -- CLI -------------------------------------------------------------------------------------------
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--scenario",
-        action="append",
-        choices=SCENARIOS,
-        dest="scenarios",
-        help="run only this scenario (repeatable; default: all, in order)",
-    )
-    p.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
-    p.add_argument(
-        "--line", default=pins.PRIMARY.name, help="release line or pinned version (default %(default)s)"
-    )
-    p.add_argument(
-        "--stage",
-        type=int,
-        default=None,
-        help="executor stage: 0 = unpatched base, k = first k patches (default: the full series overlay)",
-    )
-    p.add_argument("--parallelism", type=int, default=8)
-    p.add_argument("--deadline", type=float, default=120.0, help="seconds from trigger to a final run state")
-    p.add_argument(
-        "--stop-bound", type=float, default=30.0, help="seconds SIGTERM may take to stop the scheduler"
-    )
-    p.add_argument("--task-seconds", type=float, default=2.0, help="how long each DAG task sleeps")
-    p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
-
-
-def options_from(args: argparse.Namespace) -> Options:
-    try:
-        line = pins.get_line(args.line)
-    except KeyError as e:
-        raise ToolError(str(e.args[0])) from None
-    if args.stage is not None and args.stage < 0:
-        raise ToolError(f"--stage must be >= 0, got {args.stage}")
-    if args.parallelism < 2:
-        raise ToolError("--parallelism must be at least 2 (the scenarios kill a worker)")
-    return Options(
-        line=line,
-        stage=args.stage,
-        db=args.db,
-        parallelism=args.parallelism,
-        scenarios=list(dict.fromkeys(args.scenarios or SCENARIOS)),
-        deadline=args.deadline,
-        stop_bound=args.stop_bound,
-        task_seconds=args.task_seconds,
-        out=args.out.resolve(),
-    )
-
-
-def _cmd_e2e(args: argparse.Namespace) -> int:
-    return run_session(options_from(args))
-
-
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "e2e",
-        help="run the executor in a real Airflow and kill workers on purpose",
-        description=__doc__.splitlines()[0],
-    )
-    add_arguments(p)
-    p.set_defaults(func=_cmd_e2e)
-
-
-def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    # so that `finally` blocks stop every process this session started
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.e2e", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    try:
-        return run_session(options_from(args))
-    except ToolError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; every started process was stopped", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from tools import e2e_procfs as procfs
+from tools.e2e import procfs
 
 
 class StackError(Exception):

@@ -1,0 +1,49 @@
+"""Options of ``python -m tools e2e``: defaults, repeats, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tools.e2e import cli
+from tools.e2e.driver import SCENARIOS, Options
+from tools.errors import ToolError
+
+
+def _parse(*argv: str) -> Options:
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    return cli.options_from(p.parse_args(list(argv)))
+
+
+def test_defaults_are_the_full_series_on_the_primary_line() -> None:
+    o = _parse()
+    assert (o.line.name, o.stage, o.db, o.parallelism) == ("3.3", None, "sqlite", 8)
+    assert o.scenarios == list(SCENARIOS)
+
+
+def test_options_repeatable_scenarios_and_versions() -> None:
+    o = _parse(
+        "--scenario",
+        "kill-queued",
+        "--scenario",
+        "clean",
+        "--scenario",
+        "kill-queued",
+        "--line",
+        "3.2.1",
+        "--stage",
+        "0",
+        "--db",
+        "postgres",
+    )
+    assert o.scenarios == ["kill-queued", "clean"]
+    assert (o.line.name, o.stage, o.db) == ("3.2", 0, "postgres")
+
+
+def test_bad_options_are_one_line_errors() -> None:
+    with pytest.raises(ToolError, match=r"unknown release line '2\.9'"):
+        _parse("--line", "2.9")
+    with pytest.raises(ToolError, match="--stage must be >= 0"):
+        _parse("--stage", "-1")

@@ -1,0 +1,97 @@
+"""/proc reading: wchan classes, worker titles, and which idle worker holds the read lock."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tools.e2e import procfs
+
+
+@pytest.mark.parametrize(
+    ("wchan", "kind"),
+    [
+        ("pipe_read", "pipe_read"),
+        ("anon_pipe_read", "pipe_read"),  # kernels >= 6.x
+        ("pipe_write", "pipe_write"),
+        ("anon_pipe_write", "pipe_write"),
+        ("futex_wait_queue_me", "futex"),
+        ("futex_wait_queue", "futex"),
+        ("futex_do_wait", "futex"),
+        ("0", "running"),
+        ("", "running"),
+        ("do_sys_poll", "other"),
+        ("ep_poll", "other"),
+    ],
+)
+def test_classify_wchan(wchan: str, kind: str) -> None:
+    assert procfs.classify_wchan(wchan) == kind
+
+
+@pytest.mark.parametrize(
+    ("title", "busy"),
+    [
+        ("airflow worker -- LocalExecutor: <idle>", None),
+        ("airflow worker -- LocalExecutor [team_a]: <idle>", None),
+        (
+            "airflow worker -- LocalExecutor: 01a22a31-c6c4-704d-89b7-1cb8ab766638",
+            "01a22a31-c6c4-704d-89b7-1cb8ab766638",
+        ),
+        ("airflow worker -- LocalExecutor [team_a]: abc", "abc"),
+        ("airflow scheduler", None),
+        ("airflow worker -- LocalExecutor:", None),
+    ],
+)
+def test_worker_busy_with(title: str, busy: str | None) -> None:
+    assert procfs.worker_busy_with(title) == busy
+
+
+def _worker(pid: int, wchan: str, busy: str | None = None, children: tuple[int, ...] = ()) -> procfs.Worker:
+    title = f"airflow worker -- LocalExecutor: {busy or '<idle>'}"
+    return procfs.Worker(pid, title, wchan, children)
+
+
+def test_lock_holder_is_the_only_idle_pipe_reader() -> None:
+    workers = [
+        _worker(10, "futex_do_wait"),
+        _worker(11, "anon_pipe_read"),
+        _worker(12, "futex_do_wait"),
+        # A busy worker's supervisor may sit in a pipe read of its own: not the queue's reader.
+        _worker(13, "anon_pipe_read", busy="ti-1", children=(99,)),
+    ]
+    holder, shared = procfs.find_read_lock_holder(workers)
+    assert (holder.pid, shared) == (11, True)
+
+
+def test_a_queue_per_worker_has_no_lock_holder_but_a_reader_to_kill() -> None:
+    workers = [_worker(10, "pipe_read"), _worker(11, "anon_pipe_read"), _worker(12, "pipe_read")]
+    holder, shared = procfs.find_read_lock_holder(workers)
+    assert (holder.pid, shared) == (10, False)
+
+
+@pytest.mark.parametrize(
+    "wchans",
+    [
+        ["futex_do_wait", "futex_do_wait"],  # nobody reads: the lock holder is gone already
+        ["pipe_read", "futex_do_wait", "do_sys_poll"],  # one worker neither reads nor waits
+        [],
+    ],
+)
+def test_lock_holder_ambiguous_is_an_error_naming_the_wchans(wchans: list[str]) -> None:
+    workers = [_worker(20 + i, w) for i, w in enumerate(wchans)]
+    with pytest.raises(procfs.NoLockHolder, match="expected one idle worker in a pipe read"):
+        procfs.find_read_lock_holder(workers)
+
+
+def test_stat_of_this_process() -> None:
+    st = procfs.stat(os.getpid())
+    assert st.pid == os.getpid()
+    assert st.ppid == os.getppid()
+    assert st.state in "RS"
+    assert st.sid == os.getsid(0)
+
+
+def test_vanished_process_raises_procgone() -> None:
+    with pytest.raises(procfs.ProcGone):
+        procfs.cmdline(2**22 + 12345)

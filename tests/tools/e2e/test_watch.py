@@ -1,0 +1,121 @@
+"""The run watcher against a fake API and clock: polling, transitions, the deadline."""
+
+from __future__ import annotations
+
+import threading
+
+from tools.e2e.watch import RunWatcher, Transition
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+class FakeApi:
+    """Replays a list of (run_state, {task_id: (state, try)}) frames, one per poll."""
+
+    def __init__(self, frames: list[object]) -> None:
+        self.frames = frames
+        self.i = 0
+
+    def _frame(self) -> tuple[str, dict[str, tuple[str, int]]]:
+        frame = self.frames[min(self.i, len(self.frames) - 1)]
+        if isinstance(frame, Exception):
+            raise frame
+        return frame  # type: ignore[return-value]
+
+    def run(self, dag_id: str, run_id: str) -> dict:
+        try:
+            return {"state": self._frame()[0]}
+        except Exception:
+            self.i += 1
+            raise
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+        _, tasks = self._frame()
+        self.i += 1
+        return [{"task_id": k, "id": f"id-{k}", "state": s, "try_number": n} for k, (s, n) in tasks.items()]
+
+    def tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict]:
+        return []
+
+
+def _watcher(frames: list[object], interval: float = 1.0) -> tuple[RunWatcher, FakeClock]:
+    clock = FakeClock()
+    w = RunWatcher(FakeApi(frames), "d", "r", interval=interval, clock=clock, sleep=clock.sleep)
+    w.start_clock()
+    return w, clock
+
+
+def test_watch_returns_when_final_and_records_transitions() -> None:
+    frames: list[object] = [
+        ("queued", {"a": ("scheduled", 1), "b": ("scheduled", 1)}),
+        ("running", {"a": ("running", 1), "b": ("queued", 1)}),
+        ("running", {"a": ("running", 1), "b": ("running", 1)}),
+        ("success", {"a": ("success", 1), "b": ("success", 1)}),
+    ]
+    w, _ = _watcher(frames)
+    res = w.watch(deadline=60)
+    assert res.final and res.run_state == "success"
+    assert res.elapsed == 3.0
+    assert [(tr.t, tr.task_id, tr.state) for tr in res.transitions if tr.task_id == "b"] == [
+        (0.0, "b", "scheduled"),
+        (1.0, "b", "queued"),
+        (2.0, "b", "running"),
+        (3.0, "b", "success"),
+    ]
+    assert res.last is not None and res.last.count() == {"success": 2}
+
+
+def test_watch_gives_up_at_the_deadline_with_the_last_snapshot() -> None:
+    w, _ = _watcher([("running", {"a": ("queued", 1), "b": ("success", 1)})], interval=0.5)
+    res = w.watch(deadline=10)
+    assert not res.final
+    assert res.run_state == "running"
+    assert 10 <= res.elapsed <= 10.5
+    assert res.last is not None and res.last.tasks["a"].state == "queued"
+    # Unchanged states are recorded once, not once per poll.
+    assert len(res.transitions) == 2
+
+
+def test_watch_counts_api_errors_and_keeps_polling() -> None:
+    frames: list[object] = [ConnectionRefusedError(), OSError("reset"), ("success", {"a": ("success", 1)})]
+    w, _ = _watcher(frames)
+    res = w.watch(deadline=60)
+    assert res.final and res.api_errors == 2
+
+
+def test_watch_stops_when_asked() -> None:
+    stop = threading.Event()
+    stop.set()
+    w, _ = _watcher([("running", {"a": ("running", 1)})])
+    res = w.watch(deadline=60, stop=stop)
+    assert not res.final and res.elapsed == 0.0
+
+
+def test_a_retry_is_a_new_transition() -> None:
+    frames: list[object] = [
+        ("running", {"a": ("running", 1)}),
+        ("running", {"a": ("up_for_retry", 1)}),
+        ("running", {"a": ("queued", 2)}),
+        ("success", {"a": ("success", 2)}),
+    ]
+    w, _ = _watcher(frames)
+    res = w.watch(deadline=60)
+    assert [(tr.try_number, tr.state) for tr in res.transitions] == [
+        (1, "running"),
+        (1, "up_for_retry"),
+        (2, "queued"),
+        (2, "success"),
+    ]
+
+
+def test_transition_is_plain_data() -> None:
+    assert Transition(1.0, "a", 1, "queued") == Transition(1.0, "a", 1, "queued")

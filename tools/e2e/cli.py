@@ -1,0 +1,105 @@
+"""``python -m tools e2e`` (``nox -s e2e``): options in, one session of scenarios, exit status out."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from tools import pins
+from tools.e2e import driver
+from tools.e2e.driver import SCENARIOS, Options, run_session
+from tools.errors import ToolError
+from tools.layout import DEFAULT as LAYOUT
+
+# The driver's first docstring line says what the session does, for --help.
+DESCRIPTION = (driver.__doc__ or "").splitlines()[0]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scenario",
+        action="append",
+        choices=SCENARIOS,
+        dest="scenarios",
+        help="run only this scenario (repeatable; default: all, in order)",
+    )
+    p.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
+    p.add_argument(
+        "--line", default=pins.PRIMARY.name, help="release line or pinned version (default %(default)s)"
+    )
+    p.add_argument(
+        "--stage",
+        type=int,
+        default=None,
+        help="executor stage: 0 = unpatched base, k = first k patches (default: the full series overlay)",
+    )
+    p.add_argument("--parallelism", type=int, default=8)
+    p.add_argument("--deadline", type=float, default=120.0, help="seconds from trigger to a final run state")
+    p.add_argument(
+        "--stop-bound", type=float, default=30.0, help="seconds SIGTERM may take to stop the scheduler"
+    )
+    p.add_argument("--task-seconds", type=float, default=2.0, help="how long each DAG task sleeps")
+    p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    try:
+        line = pins.get_line(args.line)
+    except KeyError as e:
+        raise ToolError(str(e.args[0])) from None
+    if args.stage is not None and args.stage < 0:
+        raise ToolError(f"--stage must be >= 0, got {args.stage}")
+    if args.parallelism < 2:
+        raise ToolError("--parallelism must be at least 2 (the scenarios kill a worker)")
+    return Options(
+        line=line,
+        stage=args.stage,
+        db=args.db,
+        parallelism=args.parallelism,
+        scenarios=list(dict.fromkeys(args.scenarios or SCENARIOS)),
+        deadline=args.deadline,
+        stop_bound=args.stop_bound,
+        task_seconds=args.task_seconds,
+        out=args.out.resolve(),
+    )
+
+
+def _cmd_e2e(args: argparse.Namespace) -> int:
+    return run_session(options_from(args))
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "e2e",
+        help="run the executor in a real Airflow and kill workers on purpose",
+        description=DESCRIPTION,
+    )
+    add_arguments(p)
+    p.set_defaults(func=_cmd_e2e)
+
+
+def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    # so that `finally` blocks stop every process this session started
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.e2e", description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        return run_session(options_from(args))
+    except ToolError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; every started process was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
