@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import argparse
 import re
+import zipfile
+from pathlib import Path
 
-from tools import pins
+from tools import fetch, pins
 from tools.errors import ToolError
 from tools.layout import DEFAULT, Layout
 from tools.venvs import TEST_PACKAGES
 
 TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv")
-COMPILE = ("pip", "compile", "-", "--universal", "--python-version", "3.10", "--quiet")
+COMPILE = ("pip", "compile", "-", "--universal", "--quiet")
 
 
-def _compile(requirements: list[str], command: str) -> str:
+def _compile(requirements: list[str], command: str, python_version: str = "3.10") -> str:
     import os
     import subprocess
 
     from tools.venvs import UV_ENV, find_uv
 
     proc = subprocess.run(
-        [find_uv(), *COMPILE, "--custom-compile-command", command],
+        [find_uv(), *COMPILE, "--python-version", python_version, "--custom-compile-command", command],
         input="\n".join(requirements) + "\n",
         capture_output=True,
         text=True,
@@ -55,10 +57,21 @@ def lock_tools(layout: Layout = DEFAULT) -> str:
     return text
 
 
+def oldest_python(wheel: Path) -> str:
+    """The lowest Python the wheel's ``Requires-Python`` admits ("3.11" for 3.4.0b2), else 3.10."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode()
+    m = re.search(r"^Requires-Python:.*>=\s*(\d+\.\d+)", text, re.M)
+    return m.group(1) if m else "3.10"
+
+
 def lock_line(line: pins.Line, layout: Layout = DEFAULT) -> str:
     tools = (layout.constraints / "tools.txt").read_text()
     reqs = [f"{pins.DISTRIBUTION}=={line.version}", *(f"{p}=={pinned(tools, p)}" for p in TEST_PACKAGES)]
-    text = _compile(reqs, f"python -m tools lock --line {line.name}")
+    # why: a line whose Airflow needs a newer Python (3.4 needs 3.11) cannot resolve for 3.10.
+    python_version = oldest_python(fetch.ensure_wheel(line, layout))
+    text = _compile(reqs, f"python -m tools lock --line {line.name}", python_version)
     (layout.constraints / f"{line.name}.txt").write_text(text)
     return text
 
