@@ -12,7 +12,6 @@ session starts on 127.0.0.1 with its data in a temporary directory and stops aga
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
@@ -26,9 +25,10 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from tools.e2e import procfs
+from tools.e2e.watch import RestApi
 
 
 class StackError(Exception):
@@ -254,6 +254,7 @@ class AirflowStack:
         self.api_port = free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.procs: dict[str, Process] = {}
+        self._rest: RestApi | None = None
         self.env = self._env()
         self.launched_at: float | None = None
         self.ready_at: float | None = None
@@ -343,8 +344,9 @@ class AirflowStack:
                 )
 
     def get(self, path: str, timeout: float = 5.0) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.api}{path}", timeout=timeout) as r:
-            return cast(dict[str, Any], json.loads(r.read()))
+        if self._rest is None or self._rest.base != self.api:
+            self._rest = RestApi(self.api)
+        return self._rest.get(path, timeout)
 
     def health(self) -> dict[str, Any] | None:
         try:

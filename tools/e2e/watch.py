@@ -37,9 +37,24 @@ class RestApi:
     def __init__(self, base: str, timeout: float = 10.0):
         self.base = base.rstrip("/")
         self.timeout = timeout
+        self._token: str | None = None
 
-    def get(self, path: str) -> Json:
-        with urllib.request.urlopen(self.base + path, timeout=self.timeout) as r:
+    def get(self, path: str, timeout: float | None = None) -> Json:
+        try:
+            return self._get(path, timeout)
+        except urllib.error.HTTPError as e:
+            if e.code != 401:
+                raise
+        # why: from 3.2 on all-admins lets a request without a token in; 3.1 answers 401 and
+        # hands out an all-admins token at GET /auth/token instead (a new one if it expired).
+        self._token = str(self._get("/auth/token", timeout)["access_token"])
+        return self._get(path, timeout)
+
+    def _get(self, path: str, timeout: float | None) -> Json:
+        request = urllib.request.Request(self.base + path)
+        if self._token:
+            request.add_header("Authorization", f"Bearer {self._token}")
+        with urllib.request.urlopen(request, timeout=timeout or self.timeout) as r:
             return cast(Json, json.loads(r.read()))
 
     def _run_path(self, dag_id: str, run_id: str) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import threading
 
-from tools.e2e.watch import RunWatcher, Transition
+from tools.e2e.watch import RestApi, RunWatcher, Transition
 
 
 class FakeClock:
@@ -119,3 +121,37 @@ def test_a_retry_is_a_new_transition() -> None:
 
 def test_transition_is_plain_data() -> None:
     assert Transition(1.0, "a", 1, "queued") == Transition(1.0, "a", 1, "queued")
+
+
+class _AllAdmins31(http.server.BaseHTTPRequestHandler):
+    """Airflow 3.1's all-admins API: 401 without a token, a token for anyone at GET /auth/token."""
+
+    def do_GET(self) -> None:
+        if self.path == "/auth/token":
+            self._send(201, {"access_token": "t0k"})
+        elif self.headers.get("Authorization") == "Bearer t0k":
+            self._send(200, {"dag_id": "d"})
+        else:
+            self._send(401, {"detail": "Not authenticated"})
+
+    def _send(self, code: int, body: dict[str, str]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_rest_api_fetches_an_all_admins_token_when_the_api_asks_for_one() -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _AllAdmins31)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api = RestApi(f"http://127.0.0.1:{server.server_port}")
+        assert api.get("/api/v2/dags/d") == {"dag_id": "d"}
+        assert api.get("/api/v2/dags/d", timeout=2.0) == {"dag_id": "d"}
+    finally:
+        server.shutdown()
+        server.server_close()
