@@ -79,6 +79,24 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     add_arguments(p)
     p.set_defaults(func=_cmd_e2e)
+    lk = sub.add_parser(
+        "e2e-lock",
+        help="resolve each line's e2e environment as of its release into constraints/e2e-<line>.txt",
+    )
+    lk.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
+    lk.set_defaults(func=_cmd_e2e_lock)
+
+
+def _cmd_e2e_lock(args: argparse.Namespace) -> int:
+    from tools.e2e import lock  # needs the index; the e2e session itself does not
+
+    try:
+        lines = [pins.get_line(name) for name in args.line] if args.line else list(pins.LINES)
+    except KeyError as e:
+        raise ToolError(str(e.args[0])) from None
+    for line in lines:
+        print(f"wrote {LAYOUT.rel(lock.lock_line(line))}")
+    return 0
 
 
 def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -2,8 +2,9 @@
 
 ``build/e2e/venv-<line>`` holds ``apache-airflow[postgres]`` pinned to the line's version (the
 distribution, so the task SDK and the standard provider come with it) and the line's verified
-``apache-airflow-core`` wheel from the cache. It is created with ``uv`` on first use and reused
-while its marker says it was built for the same version.
+``apache-airflow-core`` wheel from the cache, constrained by ``constraints/e2e-<line>.txt`` (the
+release day's dependencies, :mod:`tools.e2e.lock`) or else the line's test lock. It is created
+with ``uv`` on first use and reused while its marker says it was built for the same inputs.
 
 The executor under test is then put in place:
 
@@ -112,7 +113,11 @@ class AirflowVenv:
     def ensure(self) -> None:
         """Create (or reuse) the venv with the line's pinned Airflow, constrained by the line's lock."""
         wheel = fetch.ensure_wheel(self.line)
-        constraints = LAYOUT.constraints / f"{self.line.name}.txt"
+        # why: the line's test lock floats to today's dependencies, which an older Airflow may not
+        # start with; the e2e lock (python -m tools e2e-lock) is the release day's environment.
+        constraints = LAYOUT.constraints / f"e2e-{self.line.name}.txt"
+        if not constraints.is_file():
+            constraints = LAYOUT.constraints / f"{self.line.name}.txt"
         packages = [f"apache-airflow[postgres]=={self.line.version}"]
         want = {
             "line": self.line.name,

@@ -1,0 +1,82 @@
+"""The e2e lock's cut-off date, from a fake simple-API page; the compile is faked too."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tools import pins
+from tools.e2e import lock
+from tools.errors import ToolError
+from tools.layout import Layout
+
+LINE = pins.get_line("3.2")
+
+
+def page(name: str, files: dict[str, str], sha: str = "") -> dict[str, Any]:
+    return {
+        "name": name,
+        "files": [
+            {"filename": fn, "upload-time": t, "hashes": {"sha256": sha if fn.endswith(".whl") else "x"}}
+            for fn, t in files.items()
+        ],
+    }
+
+
+def pages() -> dict[str, dict[str, Any]]:
+    v = LINE.version
+    return {
+        pins.DISTRIBUTION: page(
+            pins.DISTRIBUTION,
+            {
+                f"apache_airflow_core-{v}-py3-none-any.whl": "2026-05-29T05:20:08.257918Z",
+                f"apache_airflow_core-{v}.tar.gz": "2026-05-29T05:20:10Z",
+                f"apache_airflow_core-{v}1-py3-none-any.whl": "2027-01-01T00:00:00Z",  # another version
+            },
+            LINE.wheel_sha256,
+        ),
+        "apache-airflow": page(
+            "apache-airflow", {f"apache_airflow-{v}-py3-none-any.whl": "2026-05-29T05:22:00Z"}, "y"
+        ),
+    }
+
+
+def test_cutoff_is_the_last_upload_of_the_release_plus_the_margin() -> None:
+    got = lock.release_cutoff(LINE, pages().__getitem__)
+    assert got == datetime(2026, 5, 29, 6, 22, 0, tzinfo=timezone.utc)
+
+
+def test_a_wheel_the_index_lists_with_another_hash_is_refused() -> None:
+    fake = pages()
+    fake[pins.DISTRIBUTION]["files"][0]["hashes"]["sha256"] = "0" * 64
+    with pytest.raises(ToolError, match=r"apache-airflow-core 3\.2\.2: the index lists .* pinned") as info:
+        lock.release_cutoff(LINE, fake.__getitem__)
+    assert "\n" not in str(info.value)
+
+
+def test_a_version_without_files_is_an_error() -> None:
+    with pytest.raises(ToolError, match=r"apache-airflow 3\.2\.2: no files with an upload time"):
+        lock.release_cutoff(LINE, {**pages(), "apache-airflow": {"files": []}}.__getitem__)
+
+
+def test_lock_line_compiles_as_of_the_cutoff(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = Layout(root=tmp_path)
+    monkeypatch.setattr(lock.fetch, "ensure_wheel", lambda line, layout: Path("unused.whl"))
+    monkeypatch.setattr(lock, "oldest_python", lambda wheel: "3.10")
+    seen: list[tuple[str, ...]] = []
+
+    def fake_uv(*args: str) -> str:
+        seen.append(args)
+        return f"apache-airflow=={LINE.version}\npydantic==2.13.4\n"
+
+    target = lock.lock_line(LINE, layout, pages().__getitem__, fake_uv)
+    assert target == tmp_path / "constraints" / "e2e-3.2.txt"
+    args = seen[0]
+    assert args[args.index("--exclude-newer") + 1] == "2026-05-29T06:22:00Z"
+    assert args[args.index("--python-version") + 1] == "3.10"
+    text = target.read_text()
+    assert text.startswith("# The e2e environment of 3.2 (3.2.2), as of 2026-05-29T06:22:00Z")
+    assert "pydantic==2.13.4" in text
