@@ -12,6 +12,14 @@ repository at its Airflow repository path, then the patches are applied one at a
                                                                            -> ``resolution``
 
 anything else is ``FAILED`` with the hunk and line, and the later patches are not tried.
+
+``upstream``: a line whose base already carries a patch's change (3.4 ships what patches 1-3
+backport). Decided from the trees, before any apply is tried: the change of patches 1..k on
+the primary line (its stage k against its base) is contained in the line's base, that is
+every line it adds to ``local_executor.py`` is there and every line it removes for good is
+gone, up to a few lines (``UPSTREAM_SLACK``) that the backport words for the older API.
+Upstream patches form a prefix of the series; their test files are still applied, and the
+lines that did not match are recorded in ``build/apply.json`` for a reviewer to check.
 Stage k of a line is its base plus the first k patches. The derived files (each line's
 overlay, ``tests/executor/`` from the primary line) are written only after every line
 applied, so a failure changes nothing in the repository.
@@ -43,7 +51,9 @@ from tools.series import Patch, Series, load_series
 CLEAN = "clean"
 THREE_WAY = "3-way"
 RESOLUTION = "resolution"
+UPSTREAM = "upstream"
 FAILED = "FAILED"
+APPLIED = (CLEAN, THREE_WAY, RESOLUTION, UPSTREAM)
 NOT_TRIED = "-"
 
 OVERLAY_PATH = pins.PACKAGE_PATH  # inside airflow_overlay/<line>/
@@ -58,9 +68,15 @@ class PatchResult:
     status: str
     detail: str = ""  # one line; for FAILED the error
     hint: str = ""  # further lines: how to reproduce and finish by hand
+    # For UPSTREAM: the lines of the cumulative change the base words differently (older API).
+    unmatched: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, str]:
-        return {"patch": self.name, "status": self.status, "detail": self.detail, "hint": self.hint}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"patch": self.name, "status": self.status, "detail": self.detail}
+        out["hint"] = self.hint
+        if self.unmatched:
+            out["unmatched"] = list(self.unmatched)
+        return out
 
 
 @dataclass
@@ -71,7 +87,7 @@ class LineResult:
 
     @property
     def ok(self) -> bool:
-        return all(p.status in (CLEAN, THREE_WAY, RESOLUTION) for p in self.patches)
+        return all(p.status in APPLIED for p in self.patches)
 
     @property
     def final(self) -> int:
@@ -118,6 +134,50 @@ def _write_tree(tree: Tree, dest: Path) -> None:
         path = dest / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+
+
+# At most this many lines of a cumulative change may be worded differently in a base that is
+# said to carry it (3.3's ``key = workload.key`` is 3.4's ``key = self.get_workload_key(workload)``).
+UPSTREAM_SLACK_LINES = 2
+UPSTREAM_SLACK_FRACTION = 0.05
+
+
+def _significant(source: bytes) -> list[str]:
+    """Stripped lines that say something: no blank lines, no comment-only lines."""
+    out = []
+    for raw in source.decode("utf-8", "replace").splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def upstream_unmatched(before: bytes, after: bytes, base: bytes) -> list[str] | None:
+    """
+    Lines of the change ``before`` -> ``after`` that ``base`` does not reflect, or None if too many.
+
+    A line the change adds must be in ``base``; a line it removes for good (no longer anywhere in
+    ``after``) must not be. Returns the exceptions when they are few enough to be wording for an
+    older API, else None: the base does not carry the change.
+    """
+    import difflib
+
+    old, new, have = _significant(before), _significant(after), set(_significant(base))
+    added: list[str] = []
+    removed: list[str] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag in ("replace", "delete"):
+            removed.extend(old[i1:i2])
+        if tag in ("replace", "insert"):
+            added.extend(new[j1:j2])
+    if not added and not removed:
+        return None  # an empty change (a test-only patch) is not evidence of anything
+    still = set(new)
+    missing = [f"+ {line}" for line in dict.fromkeys(added) if line not in have]
+    lingering = [f"- {line}" for line in dict.fromkeys(removed) if line not in still and line in have]
+    unmatched = missing + lingering
+    allowed = max(UPSTREAM_SLACK_LINES, int(UPSTREAM_SLACK_FRACTION * (len(added) + len(removed))))
+    return unmatched if len(unmatched) <= allowed else None
 
 
 def _has_conflict_markers(repo: Path, paths: Iterable[str]) -> bool:
@@ -188,7 +248,11 @@ class Engine:
                 results.append(PatchResult(name, NOT_TRIED, "not tried: an earlier patch failed"))
                 continue
             pre = primary.stages[k - 1] if primary is not None and k - 1 < len(primary.stages) else None
-            res = self._apply_patch(repo, line, k, name, pre)
+            res = None
+            if primary is not None and all(r.status == UPSTREAM for r in results):
+                res = self._apply_upstream(repo, line, k, name, primary, base_tree[pins.REPO_PATH])
+            if res is None:
+                res = self._apply_patch(repo, line, k, name, pre)
             results.append(res)
             if res.status != FAILED:
                 self._commit(repo, name)
@@ -242,6 +306,30 @@ class Engine:
             self.reset(repo)
             return "3-way merge left conflict markers"
         return None
+
+    def _apply_upstream(
+        self, repo: Path, line: Line, k: int, name: str, primary: LineResult, base: bytes
+    ) -> PatchResult | None:
+        """UPSTREAM (test files applied, code left as the base has it) if the base carries 1..k."""
+        if k >= len(primary.stages) or self.series.resolution(line.name, name) is not None:
+            return None
+        before = primary.stages[0].get(pins.REPO_PATH, b"")
+        after = primary.stages[k].get(pins.REPO_PATH, b"")
+        if primary.stages[k - 1].get(pins.REPO_PATH) == after:
+            return None  # a test-only patch: nothing to find in the base, apply it as usual
+        unmatched = upstream_unmatched(before, after, base)
+        if unmatched is None:
+            return None
+        patch_file = self.layout.patches / name
+        patch = self.series.patches.get(name)
+        if patch is not None and any(p != pins.REPO_PATH for p in patch.touched):
+            err = self.try_apply(repo, patch_file, f"--exclude={pins.REPO_PATH}")
+            if err is not None:
+                return self._failure(line, k, patch, patch_file, err, note=" (its test files)")
+        detail = f"already in {line.version}" + (
+            f"; {len(unmatched)} line(s) worded for the older API" if unmatched else ""
+        )
+        return PatchResult(name, UPSTREAM, detail, unmatched=tuple(unmatched))
 
     def _apply_patch(self, repo: Path, line: Line, k: int, name: str, pre: Tree | None) -> PatchResult:
         patch = self.series.patches.get(name)
@@ -430,7 +518,7 @@ def describe_apply_error(patch: Patch, stderr: str) -> str:
 
 def render_matrix(engine: Engine, results: dict[str, LineResult]) -> str:
     names = engine.series.names
-    cols = [f"{r.line.name} ({r.line.version})" for r in results.values()]
+    cols = [r.line.label for r in results.values()]
     first = max([len("patch"), *(len(n) for n in names)])
     widths = [max(len(c), len(RESOLUTION)) for c in cols]
     rows = ["  ".join(["patch".ljust(first), *(c.ljust(w) for c, w in zip(cols, widths, strict=True))])]

@@ -288,9 +288,12 @@ def refresh_line(engine: Engine, line: Line, repo: Path) -> RefreshReport:
             "or subjects differ); change the series on the primary line, refresh only records resolutions"
         )
     primary = engine.apply_line(engine.primary)
+    statuses = [p.status for p in engine.apply_line(line).patches]
     res_dir = engine.layout.resolutions / line.name
     for k, (commit, name) in enumerate(zip(commits, names, strict=True), 1):
         patch = engine.series.patches[name]
+        if statuses[k - 1] == engine_mod.UPSTREAM:
+            continue  # the line's base carries it: there is nothing to resolve
         parent, mine = _tree_of(repo, f"{commit}^"), _tree_of(repo, commit)
         changed = {p for p in set(parent) | set(mine) if parent.get(p) != mine.get(p)}
         pre = primary.stages[k - 1] if k - 1 < len(primary.stages) else None

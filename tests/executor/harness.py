@@ -33,8 +33,10 @@ installed in the scenario process before the executor forks its workers, and, fo
 spawn start method, when a spawned worker imports this file as its ``__mp_main__``.
 
 The API differences between the pinned release lines are handled here, in one place:
-3.3 runs workloads through ``BaseExecutor.run_workload``; 3.1 and 3.2 call the
-module-level ``_execute_work(log, workload[, team_conf])``.
+3.3 and 3.4 run workloads through ``BaseExecutor.run_workload``; 3.1 and 3.2 call the
+module-level ``_execute_work(log, workload[, team_conf])``. 3.4 keys task workloads by
+the task instance's uuid (``get_workload_key``), the others by ``ti.key``: scenarios
+name keys with ``label(key)``, the task id they were made with.
 """
 
 from __future__ import annotations
@@ -221,12 +223,14 @@ def run_scenario(
 
 
 def airflow_line() -> str:
-    """Which pinned API the installed Airflow has: "3.3", "3.2" or "3.1"."""
+    """Which pinned API the installed Airflow has: "3.4", "3.3", "3.2" or "3.1"."""
     import inspect
 
     from airflow.executors import local_executor
     from airflow.executors.base_executor import BaseExecutor
 
+    if hasattr(BaseExecutor, "get_workload_key"):
+        return "3.4"
     if hasattr(BaseExecutor, "run_workload"):
         return "3.3"
     if len(inspect.signature(local_executor._execute_work).parameters) == 3:
@@ -258,7 +262,7 @@ def install_fake_runner() -> None:
     from airflow.executors import local_executor
 
     line = airflow_line()
-    if line == "3.3":
+    if line in ("3.3", "3.4"):
         from airflow.executors.base_executor import BaseExecutor
 
         def run_workload(workload: Any, **_: Any) -> int:
@@ -274,17 +278,21 @@ def install_fake_runner() -> None:
         local_executor._execute_work = execute_work  # type: ignore[attr-defined]
 
 
-def make_workload(task_id: str, *, fake: dict[str, Any] | None = None, pad: int = 900) -> Any:
+def make_workload(
+    task_id: str, *, fake: dict[str, Any] | None = None, pad: int = 900, same_ti_as: Any = None
+) -> Any:
     """
     A realistic ``ExecuteTask`` (about 1.7 KB pickled with the default ``pad``).
 
-    ``pad`` sizes the token the way a real JWT and paths size a real workload.
+    ``pad`` sizes the token the way a real JWT and paths size a real workload. ``same_ti_as``
+    (another workload) makes this one a new dispatch of the same task instance, as a resumed
+    deferral is: the same key on every line (3.4 keys by the task instance's uuid).
     """
     from airflow.executors import workloads
 
     ti_fields = workloads.TaskInstance.model_fields
     ti_kwargs: dict[str, Any] = {
-        "id": uuid.uuid4(),
+        "id": same_ti_as.ti.id if same_ti_as is not None else uuid.uuid4(),
         "dag_version_id": uuid.uuid4(),
         "task_id": task_id,
         "dag_id": "lepatch_dag",
@@ -308,8 +316,38 @@ def make_workload(task_id: str, *, fake: dict[str, Any] | None = None, pad: int 
     )
 
 
+# Executor key -> the task id it was made with (a 3.4 key is the task instance's uuid).
+_LABELS: dict[Any, str] = {}
+
+
 def key_of(workload: Any) -> Any:
-    return workload.ti.key
+    """The key the executor uses for ``workload`` (its events, ``running``, its queues)."""
+    from airflow.executors.base_executor import BaseExecutor
+
+    get_key = getattr(BaseExecutor, "get_workload_key", None)
+    if get_key is not None:
+        from airflow.executors.local_executor import LocalExecutor
+
+        key = LocalExecutor.get_workload_key(workload)
+    else:
+        key = workload.ti.key
+    _LABELS[key] = workload.ti.task_id
+    return key
+
+
+def label(key: Any) -> str:
+    """The task id of a key made by ``key_of`` (or any key that carries one)."""
+    return _LABELS.get(key) or key.task_id
+
+
+def queued(executor: Any) -> dict[Any, Any]:
+    """The executor's queued task workloads by key (``executor_queues`` on 3.4)."""
+    queues = getattr(executor, "executor_queues", None)
+    if queues is not None:
+        from airflow.executors.workloads import WorkloadType
+
+        return queues[WorkloadType.EXECUTE_TASK]
+    return executor.queued_tasks
 
 
 def new_executor(parallelism: int) -> Any:
@@ -324,6 +362,7 @@ def dispatch(executor: Any, items: Iterable[Any]) -> None:
     """Queue workloads and hand them to the executor in one batch, as ``trigger_tasks`` does."""
     batch = list(items)
     for workload in batch:
+        key_of(workload)  # so label() can name its key in the events
         executor.queue_workload(workload, session=None)
     executor._process_workloads(batch)
 
@@ -349,7 +388,7 @@ def wait_for_states(
         executor.sync()
         for key in list(pending):
             if key in executor.event_buffer and executor.event_buffer[key][0] in terminal:
-                states[key.task_id] = str(executor.event_buffer[key][0])
+                states[label(key)] = str(executor.event_buffer[key][0])
                 pending.discard(key)
                 quiet_since = time.monotonic()
         if not _others_blocked():
@@ -358,7 +397,7 @@ def wait_for_states(
             break
         time.sleep(0.005)
     for key in pending:
-        states[key.task_id] = "missing"
+        states[label(key)] = "missing"
     return states
 
 
@@ -370,7 +409,7 @@ def _others_blocked() -> bool:
 
 
 def terminal_states(executor: Any) -> dict[str, str]:
-    return {key.task_id: str(state) for key, (state, _) in executor.event_buffer.items()}
+    return {label(key): str(state) for key, (state, _) in executor.event_buffer.items()}
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01) -> bool:

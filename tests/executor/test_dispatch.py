@@ -26,7 +26,16 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from harness import dispatch, key_of, make_workload, new_executor, run_scenario, wait_for_states, wait_until
+from harness import (
+    dispatch,
+    key_of,
+    make_workload,
+    new_executor,
+    queued,
+    run_scenario,
+    wait_for_states,
+    wait_until,
+)
 
 OWN_QUEUE_PATCH = "0007-give-each-localexecutor-worker-its-own-input-queue.patch"
 
@@ -52,12 +61,11 @@ def _executor(parallelism: int, busy: dict[int, object] | None = None, idle=(), 
     executor._outputs = {}
     executor._pending = deque()
     executor._dispatch_counts = {}
-    executor._failure_states = {}
-    executor._worker_keys = {}
+    executor._worker_tasks = {}
     for pid in [*(busy or {}), *idle]:
         executor.workers[pid] = _Proc(pid)
     for pid, key in (busy or {}).items():
-        executor._worker_keys[pid] = key
+        executor._worker_tasks[pid] = key
         executor._dispatch_counts[key] = 1
         executor.running.add(key)
     executor.sent = []
@@ -89,10 +97,11 @@ def test_dispatch_reuses_an_idle_worker():
     executor._process_workloads([workload])
 
     assert executor.sent == [(2, "a")]
-    assert executor._worker_keys == {1: busy_key, 2: key_of(workload)}
+    assert executor._worker_tasks == {1: busy_key, 2: key_of(workload)}
     executor._spawn_worker.assert_not_called()
-    # A send cannot block, so dispatching needs no results read first (no drain per put any more).
-    executor._read_results.assert_not_called()
+    # A send cannot block, so dispatching needs no drain per put any more: results are read once per
+    # batch, by the worker check that reaps dead workers before choosing an idle one.
+    assert executor._read_results.call_count <= 1
 
 
 @pytest.mark.fixed_by(OWN_QUEUE_PATCH)
@@ -145,7 +154,7 @@ def test_running_result_keeps_the_worker_busy():
     key = key_of(make_workload("busy"))
     executor = _executor(1, busy={1: key})
     executor._handle_result(1, key, TaskInstanceState.RUNNING, None)
-    assert executor._worker_keys == {1: key}
+    assert executor._worker_tasks == {1: key}
     assert key in executor.running
 
 
@@ -165,7 +174,7 @@ def test_terminal_result_for_a_key_no_longer_running_frees_its_worker():
     executor._handle_result(1, stale, TaskInstanceState.SUCCESS, None)
 
     assert stale not in executor.event_buffer, "a result with no dispatch in flight is not reported"
-    assert executor._worker_keys == {}, "but its worker is idle again"
+    assert executor._worker_tasks == {}, "but its worker is idle again"
     executor._check_workers()
     assert executor.sent == [(1, "a")]
 
@@ -179,8 +188,8 @@ def test_failed_send_leaves_the_worker_idle_and_the_workload_queued():
     with pytest.raises(TypeError):
         executor._process_workloads([workload])
 
-    assert executor.queued_tasks[key_of(workload)] is workload
-    assert executor._worker_keys == {}
+    assert queued(executor)[key_of(workload)] is workload
+    assert executor._worker_tasks == {}
     assert not executor.running
     assert not executor._pending
 

@@ -20,7 +20,16 @@
 from __future__ import annotations
 
 import pytest
-from harness import dispatch, key_of, make_workload, new_executor, run_scenario, wait_for_states
+from harness import (
+    dispatch,
+    key_of,
+    label,
+    make_workload,
+    new_executor,
+    queued,
+    run_scenario,
+    wait_for_states,
+)
 
 DRAIN_PATCH = "0003-drain-the-result-queue-before-each-workload-put.patch"
 
@@ -92,14 +101,14 @@ def sigterm_during_dispatch(count: int) -> dict:
             time.sleep(0.005)
     except SystemExit:
         interrupted = True
-    still_queued = {keys[k] for k in keys if k in executor.queued_tasks}
+    still_queued = {keys[k] for k in keys if k in queued(executor)}
     executor.end()
-    reported = {key.task_id for key in executor.event_buffer}
+    reported = {label(key) for key in executor.event_buffer}
     return {
         "interrupted": interrupted,
         "lost": sorted(set(keys.values()) - still_queued - reported),
         "both": sorted(still_queued & reported),
-        "failed": sorted(k.task_id for k, (state, _) in executor.event_buffer.items() if state != "success"),
+        "failed": sorted(label(k) for k, (state, _) in executor.event_buffer.items() if state != "success"),
     }
 
 

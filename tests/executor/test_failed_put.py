@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from harness import dispatch, key_of, make_workload, new_executor, run_scenario, wait_for_states
+from harness import dispatch, key_of, make_workload, new_executor, queued, run_scenario, wait_for_states
 
 UNDO_PATCH = "0005-undo-a-failed-put-and-spawn-workers-while-one-is-blocked.patch"
 BLOCKED_PUT_PATCH = "0004-keep-draining-results-while-a-workload-put-is-blocked.patch"
@@ -37,7 +37,7 @@ def failed_put(earlier_dispatch: bool) -> dict:
     if earlier_dispatch:
         # A resumed attempt reuses the key while the earlier dispatch has not reported yet.
         dispatch(executor, [earlier])
-    broken = make_workload("k", fake={"unpicklable": threading.Lock()})
+    broken = make_workload("k", fake={"unpicklable": threading.Lock()}, same_ti_as=earlier)
     executor.queue_workload(broken, session=None)
     slots_before = executor.slots_available
     error = None
@@ -47,14 +47,14 @@ def failed_put(earlier_dispatch: bool) -> dict:
         error = type(e).__name__
     outcome = {
         "error": error,
-        "still_queued": executor.queued_tasks.get(key_of(broken)) is broken,
+        "still_queued": queued(executor).get(key_of(broken)) is broken,
         "slots_unchanged": executor.slots_available == slots_before,
     }
     gate.touch()
     if earlier_dispatch:
         outcome["earlier"] = wait_for_states(executor, [key_of(earlier)], timeout=10)["k"]
     # The executor still works, and the failed put left no slot behind once the earlier one ended.
-    executor.queued_tasks.pop(key_of(broken))
+    queued(executor).pop(key_of(broken))
     after = make_workload("after")
     dispatch(executor, [after])
     outcome["after"] = wait_for_states(executor, [key_of(after)], timeout=10)["after"]

@@ -15,7 +15,7 @@
 # KIND, either express or implied.  See the License for the
 # specific language governing permissions and limitations
 # under the License.
-"""A dispatched workload holds a parallelism slot until it ends or its worker dies."""
+"""A dispatched workload holds a parallelism slot until it ends, its worker dies, or it is revoked."""
 
 from __future__ import annotations
 
@@ -85,22 +85,44 @@ def test_worker_killed_after_start_frees_its_slot_and_fails_the_key(start_method
     assert outcome["slots_after_death"] == 2
 
 
-def test_late_result_from_a_reaped_worker_is_ignored():
+class _Alive:
+    """A stand-in worker process that never dies."""
+
+    def is_alive(self):
+        return True
+
+
+def _bookkeeping_only(executor, worker_pids):
+    """The executor as start() leaves it, with stand-in workers: nothing forks and nothing is sent."""
+    executor.workers = {pid: _Alive() for pid in worker_pids}
+    executor._inputs = {}
+    executor._outputs = {}
+    executor._pending = deque()
+    executor._worker_tasks = {}
+    executor._dispatch_counts = {}
+    executor._check_workers = lambda: None
+
+
+def _dispatch(executor, workload):
+    executor.queue_workload(workload, session=None)
+    executor._process_workloads([workload])
+
+
+def test_result_from_a_process_that_is_not_a_worker_is_ignored():
     from airflow.executors.local_executor import LocalExecutor
     from airflow.utils.state import TaskInstanceState
 
     executor = LocalExecutor(parallelism=2)
-    _reset_bookkeeping(executor)
-    workload = make_workload("late")
+    _bookkeeping_only(executor, [1])
+    workload = make_workload("stray")
     key = key_of(workload)
-    # The key was already failed when its worker was reaped; nothing of it is in flight any more.
-    executor.event_buffer[key] = (TaskInstanceState.FAILED, "worker died")
-    # What the worker that was reaped had written before it died.
+    _dispatch(executor, workload)
+    executor._worker_tasks[1] = key
+    # pid 4242 is no worker of this executor (a reaped one, say): its messages change nothing.
+    executor._handle_result(4242, key, "running", None)
     executor._handle_result(4242, key, TaskInstanceState.SUCCESS, None)
-
-    assert executor.event_buffer[key][0] == TaskInstanceState.FAILED
-    assert key not in executor.running
-    assert executor.slots_available == 2
+    assert key in executor.running
+    assert key not in executor.event_buffer
 
 
 def test_earlier_dispatch_result_keeps_the_slot_of_a_newer_dispatch():
@@ -109,14 +131,12 @@ def test_earlier_dispatch_result_keeps_the_slot_of_a_newer_dispatch():
     from airflow.utils.state import TaskInstanceState
 
     executor = LocalExecutor(parallelism=2)
+    _bookkeeping_only(executor, [1, 2])
     workload = make_workload("resumed")
     key = key_of(workload)
-    executor.start = lambda: None  # no workers: this drives the bookkeeping only
-    executor._check_workers = lambda: None
-    _reset_bookkeeping(executor)
-    for _ in range(2):
-        executor.queue_workload(workload, session=None)
-        executor._process_workloads([workload])
+    _dispatch(executor, workload)
+    _dispatch(executor, workload)
+    executor._worker_tasks.update({1: key, 2: key})  # as if each dispatch had been sent to a worker
     executor._handle_result(1, key, TaskInstanceState.SUCCESS, None)
     assert key in executor.running, "the newer dispatch still holds its slot"
     executor._handle_result(2, key, TaskInstanceState.SUCCESS, None)
@@ -124,10 +144,20 @@ def test_earlier_dispatch_result_keeps_the_slot_of_a_newer_dispatch():
     assert executor.event_buffer[key][0] == TaskInstanceState.SUCCESS
 
 
-def _reset_bookkeeping(executor) -> None:
-    """The per-dispatch state ``start()`` creates, without starting workers."""
-    executor._dispatch_counts = {}
-    executor._failure_states = {}
-    executor._worker_keys = {}
-    executor._pending = deque()
-    executor.workers = {}
+def test_revoke_task_releases_a_workload_whose_worker_never_started_it():
+    """The scheduler's stuck-in-queued handling calls revoke_task: the slot comes back, no event."""
+    from types import SimpleNamespace
+
+    from airflow.executors.local_executor import LocalExecutor
+
+    executor = LocalExecutor(parallelism=1)
+    _bookkeeping_only(executor, [1])
+    workload = make_workload("lost")
+    key = key_of(workload)
+    _dispatch(executor, workload)
+    assert executor.slots_available == 0
+    executor.revoke_task(ti=SimpleNamespace(key=workload.ti.key, id=workload.ti.id))
+    assert key not in executor.running
+    assert executor.slots_available == 1
+    assert key not in executor.event_buffer
+    assert not executor._pending

@@ -31,6 +31,7 @@ from harness import (
     BLOCKED_WCHAN_PREFIXES,
     dispatch,
     key_of,
+    label,
     make_workload,
     new_executor,
     run_scenario,
@@ -237,7 +238,7 @@ def kill_worker_mid_frame(other_bytes: int) -> dict:
     _kill_and_wait(big_pid)
     keys = [key_of(w) for w in others]
     states = wait_for_states(executor, [big_key, *keys], timeout=20)
-    infos = {k.task_id: executor.event_buffer[k][1] for k in keys if k in executor.event_buffer}
+    infos = {label(k): executor.event_buffer[k][1] for k in keys if k in executor.event_buffer}
     after = make_workload("after")
     dispatch(executor, [after])
     states.update(wait_for_states(executor, [key_of(after)], timeout=20))

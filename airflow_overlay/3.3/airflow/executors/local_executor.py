@@ -49,7 +49,6 @@ import multiprocessing.connection
 import os
 import struct
 import sys
-import time
 from collections import deque
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING
@@ -57,6 +56,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
+from airflow.executors.workloads.types import state_class_for_key
 
 # add logger to parameter of setproctitle to support logging
 if sys.platform == "darwin":
@@ -71,10 +71,11 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from airflow.executors.workloads import ExecutorWorkload
-    from airflow.executors.workloads.types import WorkloadKey, WorkloadResultType, WorkloadState
+    from airflow.executors.workloads.types import WorkloadKey, WorkloadState
+    from airflow.models.taskinstance import TaskInstance
 
-# Every workload type's running state has this value; any other state a worker reports is terminal.
-_RUNNING = "running"
+    # What a worker reports on its own results pipe, which says who sent it.
+    LocalResult = tuple[WorkloadKey, WorkloadState | None, Exception | None]
 
 
 def _get_executor_process_title_prefix(team_name: str | None) -> str:
@@ -91,7 +92,7 @@ def _get_executor_process_title_prefix(team_name: str | None) -> str:
 _FRAME_HEADER = struct.Struct("!Q")
 
 
-def _send_result(output: Connection, result: WorkloadResultType) -> None:
+def _send_result(output: Connection, result: LocalResult) -> None:
     """Write one result frame (blocking: only the executor reads this pipe, and it always does)."""
     data = ForkingPickler.dumps(result)
     frame = memoryview(_FRAME_HEADER.pack(len(data)) + data)
@@ -113,7 +114,7 @@ class _ResultReader:
         self.eof = False
         os.set_blocking(conn.fileno(), False)
 
-    def read(self) -> Iterator[WorkloadResultType]:
+    def read(self) -> Iterator[LocalResult]:
         """Yield each complete result waiting, oldest first."""
         while not self.eof:
             try:
@@ -169,8 +170,8 @@ def _run_worker(
             # Received poison pill, no more tasks to run
             return
 
-        if workload.running_state is not None:
-            _send_result(output, (workload.key, workload.running_state, None))
+        key = workload.key
+        _send_result(output, (key, workload.running_state, None))
 
         try:
             BaseExecutor.run_workload(
@@ -179,10 +180,10 @@ def _run_worker(
                 proctitle=f"{_get_executor_process_title_prefix(team_conf.team_name)} {workload.display_name}",
                 subprocess_logs_to_stdout=True,
             )
-            _send_result(output, (workload.key, workload.success_state, None))
+            _send_result(output, (key, workload.success_state, None))
         except Exception as e:
             log.exception("Workload execution failed.", workload_type=type(workload).__name__)
-            _send_result(output, (workload.key, workload.failure_state, e))
+            _send_result(output, (key, workload.failure_state, e))
 
 
 class LocalExecutor(BaseExecutor):
@@ -212,6 +213,11 @@ class LocalExecutor(BaseExecutor):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # The key of the one workload each busy worker was sent and has not finished, by worker pid,
+        # recorded when it is sent. A worker that is not in here is idle: its input queue is empty and it
+        # is waiting on it.
+        self._worker_tasks: dict[int, WorkloadKey] = {}
+        self._dispatch_counts: dict[WorkloadKey, int] = {}
 
         # Resolve the start method at instantiation, not at import: the component CLI entry may have
         # set it via [<component>]/[core] mp_start_method before the executor is created.
@@ -236,16 +242,8 @@ class LocalExecutor(BaseExecutor):
         self._inputs = {}
         self._outputs = {}
         self._pending = deque()
-
-        # A dispatched workload holds a parallelism slot (its key stays in ``running``) until its terminal
-        # result arrives or the worker that took it dies. A key can be dispatched again while an earlier
-        # dispatch has not reported yet (a resumed deferral), so dispatches are counted per key and the slot
-        # is released only when the last one ends.
-        self._dispatch_counts: dict[WorkloadKey, int] = {}
-        self._failure_states: dict[WorkloadKey, WorkloadState] = {}
-        # The key of the one workload each busy worker was sent and has not finished, by worker pid. A
-        # worker that is not in here is idle: its input queue is empty and it is waiting on it.
-        self._worker_keys: dict[int, WorkloadKey] = {}
+        self._worker_tasks.clear()
+        self._dispatch_counts.clear()
 
         if self.is_mp_using_fork:
             # This creates the maximum number of worker processes (parallelism) at once
@@ -254,6 +252,7 @@ class LocalExecutor(BaseExecutor):
 
     def _check_workers(self):
         """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
+        self._read_results()
         # waitpid, not the sentinel or EOF: a task process the worker forked keeps both open after the
         # worker itself is gone.
         for pid in [pid for pid, proc in self.workers.items() if not proc.is_alive()]:
@@ -262,7 +261,7 @@ class LocalExecutor(BaseExecutor):
 
     def _reap_worker(self, pid: int) -> None:
         """Forget a dead worker and its pipes; fail the workload it held unless it reported its end."""
-        proc = self.workers.pop(pid)
+        proc = self.workers[pid]
         output = self._outputs.pop(pid)
         # The frames it finished before dying are in the pipe: read them before deciding that the
         # workload it held never finished. What is left is a frame it died writing.
@@ -274,9 +273,21 @@ class LocalExecutor(BaseExecutor):
             )
         output.conn.close()
         self._inputs.pop(pid).close()
+        del self.workers[pid]
         proc.join()
         proc.close()
         self._fail_lost_workload(pid)
+
+    def _fail_lost_workload(self, pid: int) -> None:
+        # The key is recorded when it is sent, so a worker that died before starting its workload fails
+        # it too: on 3.3 nothing else would ever release it (the scheduler's stuck-in-queued check does
+        # not fire for it), and failed, the scheduler retries it.
+        key = self._worker_tasks.pop(pid, None)
+        if key is not None and key in self.running:
+            self.log.error("Worker pid=%s died while holding %s; marking it failed", pid, key)
+            self._finish_dispatch(
+                key, state_class_for_key(key).FAILED, f"LocalExecutor worker pid={pid} died"
+            )
 
     def _dispatch_pending(self) -> None:
         """Send each pending workload to an idle worker, starting workers up to ``parallelism``."""
@@ -291,17 +302,17 @@ class LocalExecutor(BaseExecutor):
                 # first worker that finishes (or its replacement, if that worker dies).
                 return
             workload, taken_from = self._pending.popleft()
-            self._worker_keys[pid] = workload.key
+            self._worker_tasks[pid] = workload.key
             try:
                 self._send_workload(pid, workload)
             except BrokenPipeError:
                 # The worker is gone and never got the whole workload: keep it for the next worker.
-                del self._worker_keys[pid]
+                del self._worker_tasks[pid]
                 self._pending.appendleft((workload, taken_from))
                 self._reap_worker(pid)
             except BaseException:
                 # Nothing was sent (a workload that cannot be pickled, an interrupt): it stays queued.
-                del self._worker_keys[pid]
+                del self._worker_tasks[pid]
                 self._undo_dispatches([workload], [taken_from])
                 raise
 
@@ -321,7 +332,7 @@ class LocalExecutor(BaseExecutor):
     def _idle_worker(self) -> int | None:
         """Return an idle live worker, starting one if all are busy and fewer than ``parallelism`` exist."""
         for pid, proc in self.workers.items():
-            if pid not in self._worker_keys and proc.is_alive():
+            if pid not in self._worker_tasks and proc.is_alive():
                 return pid
         if len(self.workers) >= self.parallelism:
             return None
@@ -385,7 +396,6 @@ class LocalExecutor(BaseExecutor):
 
     def sync(self) -> None:
         """Sync will get called periodically by the heartbeat method."""
-        self._read_results()
         self._check_workers()
 
     def _read_results(self, timeout: float = 0.0) -> None:
@@ -398,47 +408,18 @@ class LocalExecutor(BaseExecutor):
                 for key, state, exc in self._outputs[pid].read():
                     self._handle_result(pid, key, state, exc)
 
-    def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState, exc) -> None:
-        if state != _RUNNING:
+    def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState | None, exc) -> None:
+        if pid not in self.workers:
+            return
+        if state is None or state == "running":
+            if state is not None and key in self.running:
+                self.change_state(key, state, remove_running=False)
+        elif self._worker_tasks.get(pid) == key:
             # Its worker is idle again whatever became of the key: a worker is sent one workload at a
             # time, and one never marked idle would never be sent another.
-            self._worker_keys.pop(pid, None)
-        if self._dispatch_counts.get(key, 0) <= 0:
-            # Not a live dispatch: the key was already failed because its worker was reaped.
-            self.log.warning("Ignoring result %s for %s: it has no dispatch in flight", state, key)
-            return
-        if state == _RUNNING:
-            self.change_state(key, state, remove_running=False)
-        else:
-            self._end_dispatch(key, state, exc)
-
-    def _begin_dispatch(self, workload: ExecutorWorkload) -> None:
-        key = workload.key
-        self._dispatch_counts[key] = self._dispatch_counts.get(key, 0) + 1
-        self._failure_states[key] = workload.failure_state
-        self.running.add(key)
-
-    def _end_dispatch(self, key: WorkloadKey, state: WorkloadState, info=None) -> None:
-        if self._release_dispatch(key):
-            self.change_state(key, state, info)
-
-    def _release_dispatch(self, key: WorkloadKey) -> bool:
-        """Release one dispatch of ``key``; True when it was the last one, so its slot is free."""
-        remaining = self._dispatch_counts[key] - 1
-        if remaining > 0:
-            # Another dispatch of the same key is still in flight: the slot stays held for it.
-            self._dispatch_counts[key] = remaining
-            return False
-        del self._dispatch_counts[key]
-        self._failure_states.pop(key, None)
-        return True
-
-    def _fail_lost_workload(self, pid: int) -> None:
-        key = self._worker_keys.pop(pid, None)
-        if key is None or self._dispatch_counts.get(key, 0) <= 0:
-            return
-        self.log.error("Worker pid=%s died while running %s; marking it failed", pid, key)
-        self._end_dispatch(key, self._failure_states[key], f"LocalExecutor worker pid={pid} died")
+            del self._worker_tasks[pid]
+            if key in self.running:
+                self._finish_dispatch(key, state, exc)
 
     def end(self) -> None:
         """End the executor."""
@@ -446,59 +427,56 @@ class LocalExecutor(BaseExecutor):
             "Shutting down LocalExecutor"
             "; waiting for running tasks to finish.  Signal again if you don't want to wait."
         )
+        try:
+            # Pending workloads were dispatched as far as the scheduler knows: run them before stopping.
+            while self._pending:
+                self._read_results(timeout=0.1)
+                self._check_workers()
 
-        # Pending workloads were dispatched as far as the scheduler knows: run them before stopping.
-        while self._pending:
-            self._read_results(timeout=0.1)
-            self._check_workers()
+            # Each worker gets its shutdown message on its own pipe, behind at most the workload it runs.
+            for pid in list(self.workers):
+                with contextlib.suppress(OSError):  # already gone: reaped below
+                    self._send_workload(pid, None)
 
-        # Each worker gets its shutdown message on its own pipe, behind at most the workload it runs.
-        for pid in list(self.workers):
-            with contextlib.suppress(OSError):  # already gone: reaped below
-                self._send_workload(pid, None)
-
-        # A worker cannot exit while it is blocked writing a result nobody reads: keep reading results
-        # while waiting. A worker that is gone is reaped at once, whatever it left in its pipes.
-        while self.workers:
-            self._read_results(timeout=0.1)
-            for pid in [pid for pid, proc in self.workers.items() if not proc.is_alive()]:
-                self._reap_worker(pid)
-
-    #: Seconds ``terminate()`` gives workers to exit on SIGTERM before it kills them.
-    terminate_grace_period: float = 5.0
+            # A worker cannot exit while it is blocked writing a result nobody reads: keep reading results
+            # while waiting. A worker that is gone is reaped at once, whatever it left in its pipes.
+            while self.workers:
+                self._read_results(timeout=0.1)
+                for pid in [pid for pid, proc in self.workers.items() if not proc.is_alive()]:
+                    self._reap_worker(pid)
+        except (KeyboardInterrupt, SystemExit):
+            self.log.error("KeyboardInterrupt received during shutdown. Force terminating workers.")
+            for pid, proc in list(self.workers.items()):
+                self._terminate_worker_process(proc)
+                # Its complete frames are read, a partial one is dropped: nothing here can block.
+                if not proc.is_alive():
+                    self._reap_worker(pid)
+            raise
 
     def terminate(self):
-        """
-        Stop every worker now, without waiting for their tasks.
+        """Terminate all worker processes under control of the executor forcefully."""
+        self.log.info("Terminating all LocalExecutor worker processes.")
+        for proc in self.workers.values():
+            self._terminate_worker_process(proc)
 
-        Workers get SIGTERM, and SIGKILL once ``terminate_grace_period`` has passed. Results are not
-        read any more.
-        """
-        workers = list(getattr(self, "workers", {}).values())
-        for proc in workers:
-            if proc.is_alive():
-                proc.terminate()
-        give_up = time.monotonic() + self.terminate_grace_period
-        for proc in workers:
-            proc.join(timeout=max(0.0, give_up - time.monotonic()))
-        for proc in workers:
-            if proc.is_alive():
-                self.log.warning("Worker pid=%s did not exit on SIGTERM; killing it", proc.pid)
-                proc.kill()
-                proc.join()
-            proc.close()
-        self.workers = {}
-        for input in getattr(self, "_inputs", {}).values():
-            input.close()
-        for output in getattr(self, "_outputs", {}).values():
-            output.conn.close()
-        self._inputs = {}
-        self._outputs = {}
+    def _terminate_worker_process(self, proc: multiprocessing.Process) -> None:
+        """Terminate a worker process, escalating to kill if it stays alive."""
+        if not proc.is_alive():
+            return
+
+        proc.terminate()
+        proc.join(timeout=0.2)
+        if proc.is_alive():
+            self.log.warning("Worker process %s did not stop after SIGTERM. Sending SIGKILL.", proc.pid)
+            proc.kill()
+            proc.join(timeout=0.2)
 
     def _process_workloads(self, workload_list):
         for workload in workload_list:
             taken_from = self._take_queued(workload)
-            self._begin_dispatch(workload)
+            key = workload.key
+            self.running.add(key)
+            self._dispatch_counts[key] = self._dispatch_counts.get(key, 0) + 1
             self._pending.append((workload, taken_from))
         self._check_workers()
         if self._pending:
@@ -519,6 +497,42 @@ class LocalExecutor(BaseExecutor):
     def _undo_dispatches(self, unsent: list, queues: list[dict]) -> None:
         """Give back workloads that were registered but never sent: they stay queued, as before."""
         for workload, queue in zip(unsent, queues, strict=True):
-            if self._release_dispatch(workload.key):
-                self.running.discard(workload.key)
-            queue[workload.key] = workload
+            key = workload.key
+            remaining = self._dispatch_counts.pop(key, 1) - 1
+            if remaining > 0:
+                # An earlier dispatch of the key is still in flight: it keeps the slot.
+                self._dispatch_counts[key] = remaining
+            else:
+                self.running.discard(key)
+            queue[key] = workload
+
+    def _finish_dispatch(self, key: WorkloadKey, state: WorkloadState, info=None) -> None:
+        # A resumed attempt reuses its key, so the previous dispatch can finish while the next one is live.
+        remaining = self._dispatch_counts.pop(key, 1) - 1
+        if remaining > 0:
+            self._dispatch_counts[key] = remaining
+        super().change_state(key, state, info=info, remove_running=remaining <= 0)
+
+    def _forget_workload(self, key: WorkloadKey) -> None:
+        # A worker holding the key stays busy until it reports its end or dies: it is still running the
+        # workload, and a workload sent to it now would wait behind that one.
+        self._dispatch_counts.pop(key, None)
+        self._pending = deque((w, q) for w, q in self._pending if w.key != key)
+
+    def change_state(self, key, state, info=None, remove_running=True) -> None:
+        if remove_running:
+            self._forget_workload(key)
+        super().change_state(key, state, info=info, remove_running=remove_running)
+
+    def fail_connection_test(self, key) -> None:
+        self._forget_workload(key)
+        super().fail_connection_test(key)
+
+    def revoke_task(self, *, ti: TaskInstance) -> None:
+        key = ti.key
+        self.queued_tasks.pop(key, None)
+        for pid, task_key in self._worker_tasks.items():
+            if task_key == key:
+                self._terminate_worker_process(self.workers[pid])
+        self._forget_workload(key)
+        self.running.discard(key)

@@ -1,0 +1,543 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one
+# or more contributor license agreements.  See the NOTICE file
+# distributed with this work for additional information
+# regarding copyright ownership.  The ASF licenses this file
+# to you under the Apache License, Version 2.0 (the
+# "License"); you may not use this file except in compliance
+# with the License.  You may obtain a copy of the License at
+#
+#   http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing,
+# software distributed under the License is distributed on an
+# "AS IS" BASIS, WITHOUT WARRANTIES OR CONDITIONS OF ANY
+# KIND, either express or implied.  See the License for the
+# specific language governing permissions and limitations
+# under the License.
+"""
+LocalExecutor.
+
+.. seealso::
+    For more information on how the LocalExecutor works, take a look at the guide:
+    :ref:`executor:LocalExecutor`
+
+Data flow (one pair of pipes per worker; the executor runs in the scheduler process)::
+
+    executor                                                      worker (pid)
+    _process_workloads() -> _pending deque
+    _dispatch_pending() --- workload ---> [workloads pipe] -----> recv(); run it
+       (idle workers only: one at a time)   writes: executor       |
+                                            reads:  this worker    v
+    sync()/end(): wait() <-- frames ----- [results pipe] <------- (key, state, exc) frames
+                  wait() <-- exit ------- [sentinel]              writes: this worker
+                  waitpid() decides death; _reap_worker() handles it
+
+No lock exists and no pipe is shared: each pipe has one writer and one reader, and every process
+closes the ends that are not its own (a forked worker closes the executor's ends it inherited). So a
+SIGKILL of a worker at any instant (idle, running, half way through a frame) damages only its own
+pipes: results are read without blocking and a partial frame stays in that worker's buffer, a write to
+a dead worker fails with EPIPE instead of blocking, and _reap_worker() fails the one workload the worker
+held and frees its slot. Workloads no worker has taken yet stay in the executor's deque.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import struct
+import sys
+from collections import deque
+from multiprocessing.reduction import ForkingPickler
+from typing import TYPE_CHECKING
+
+import structlog
+
+from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
+from airflow.executors.workloads import WorkloadType
+from airflow.executors.workloads.types import state_class_for_key
+
+# add logger to parameter of setproctitle to support logging
+if sys.platform == "darwin":
+    setproctitle = lambda title, logger: logger.debug("Mac OS detected, skipping setproctitle")
+else:
+    from setproctitle import setproctitle as real_setproctitle
+
+    setproctitle = lambda title, logger: real_setproctitle(title)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from multiprocessing.connection import Connection
+
+    from airflow.executors.workloads import ExecutorWorkload
+    from airflow.executors.workloads.types import WorkloadKey, WorkloadState
+    from airflow.models.taskinstance import TaskInstance
+
+    # What a worker reports on its own results pipe, which says who sent it.
+    LocalResult = tuple[WorkloadKey, WorkloadState | None, Exception | None]
+
+
+def _get_executor_process_title_prefix(team_name: str | None) -> str:
+    """
+    Build the process title prefix for LocalExecutor workers.
+
+    :param team_name: Team name from executor configuration
+    """
+    team_suffix = f" [{team_name}]" if team_name else ""
+    return f"airflow worker -- LocalExecutor{team_suffix}:"
+
+
+# A result frame: its length, then the pickled (key, state, exc).
+_FRAME_HEADER = struct.Struct("!Q")
+
+
+def _send_result(output: Connection, result: LocalResult) -> None:
+    """Write one result frame (blocking: only the executor reads this pipe, and it always does)."""
+    data = ForkingPickler.dumps(result)
+    frame = memoryview(_FRAME_HEADER.pack(len(data)) + data)
+    while frame:
+        frame = frame[os.write(output.fileno(), frame) :]
+
+
+class _ResultReader:
+    """
+    The executor's end of one worker's results pipe.
+
+    Reads never block and a frame is delivered only once complete: a worker killed in the middle of
+    writing one leaves its partial frame here, where it cannot hold up or corrupt anything else.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.buffer = bytearray()
+        self.eof = False
+        os.set_blocking(conn.fileno(), False)
+
+    def read(self) -> Iterator[LocalResult]:
+        """Yield each complete result waiting, oldest first."""
+        while not self.eof:
+            try:
+                chunk = os.read(self.conn.fileno(), 1 << 16)
+            except BlockingIOError:
+                break
+            self.eof = not chunk
+            self.buffer += chunk
+        while len(self.buffer) >= _FRAME_HEADER.size:
+            (size,) = _FRAME_HEADER.unpack_from(self.buffer)
+            end = _FRAME_HEADER.size + size
+            if len(self.buffer) < end:
+                break
+            # Consume the frame before unpickling it: one that fails to unpickle is lost alone.
+            data = bytes(self.buffer[_FRAME_HEADER.size : end])
+            del self.buffer[:end]
+            yield ForkingPickler.loads(data)
+
+
+def _run_worker(
+    logger_name: str,
+    input: Connection,
+    output: Connection,
+    inherited: Sequence[Connection],
+    team_conf,
+):
+    import signal
+
+    # Ignore ctrl-c in this process -- we don't want to kill _this_ one. we let tasks run to completion
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    # A forked worker inherits the executor's ends of every worker's pipes, its own included. Holding them
+    # would keep those pipes alive past their owners: a worker would never see EOF when the executor dies.
+    for conn in inherited:
+        conn.close()
+
+    log = structlog.get_logger(logger_name)
+    log.info("Worker starting up pid=%d", os.getpid())
+
+    while True:
+        setproctitle(f"{_get_executor_process_title_prefix(team_conf.team_name)} <idle>", log)
+        try:
+            workload = input.recv()
+        except EOFError:
+            log.info(
+                "Failed to read tasks from the task queue because the other "
+                "end has closed the connection. Terminating worker %s.",
+                multiprocessing.current_process().name,
+            )
+            break
+
+        if workload is None:
+            # Received poison pill, no more tasks to run
+            return
+
+        key = LocalExecutor.get_workload_key(workload)
+        _send_result(output, (key, workload.running_state, None))
+
+        try:
+            BaseExecutor.run_workload(
+                workload,
+                server=get_execution_api_server_url(team_conf),
+                proctitle=f"{_get_executor_process_title_prefix(team_conf.team_name)} {workload.display_name}",
+                subprocess_logs_to_stdout=True,
+            )
+            _send_result(output, (key, workload.success_state, None))
+        except Exception as e:
+            log.exception("Workload execution failed.", workload_type=type(workload).__name__)
+            _send_result(output, (key, workload.failure_state, e))
+
+
+class LocalExecutor(BaseExecutor):
+    """
+    LocalExecutor executes tasks locally in parallel.
+
+    It uses the multiprocessing Python library and queues to parallelize the execution of tasks.
+
+    :param parallelism: how many parallel processes are run in the executor, must be > 0
+    """
+
+    is_local: bool = True
+    is_mp_using_fork: bool
+
+    supports_multi_team: bool = True
+    supports_task_instance_uuid = True
+    serve_logs: bool = True
+    # The connection-test supervisor uses ``signal.SIGALRM`` (via ``TimeoutPosix``) to bound hook
+    # execution, so ``TEST_CONNECTION`` support requires a POSIX worker (LocalExecutor runs on the host).
+    supported_workload_types: frozenset[WorkloadType] = frozenset(
+        {WorkloadType.EXECUTE_TASK, WorkloadType.EXECUTE_CALLBACK, WorkloadType.TEST_CONNECTION}
+    )
+
+    workers: dict[int, multiprocessing.Process]
+    # The executor's ends of each worker's two pipes, by pid: it is the only writer of the first and the
+    # only reader of the second, so no lock exists that a dead worker could hold.
+    _inputs: dict[int, Connection]
+    _outputs: dict[int, _ResultReader]
+    # Dispatched workloads no worker could take yet, with the executor queue each was taken from.
+    _pending: deque[tuple[ExecutorWorkload, dict]]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The key of the one workload each busy worker was sent and has not finished, by worker pid,
+        # recorded when it is sent. A worker that is not in here is idle: its input queue is empty and it
+        # is waiting on it.
+        self._worker_tasks: dict[int, WorkloadKey] = {}
+        self._dispatch_counts: dict[WorkloadKey, int] = {}
+
+        # Resolve the start method at instantiation, not at import: the component CLI entry may have
+        # set it via [<component>]/[core] mp_start_method before the executor is created.
+        self.is_mp_using_fork = multiprocessing.get_start_method() == "fork"
+
+        # Check if self has the ExecutorConf set on the self.conf attribute, and if not, set it to the global
+        # configuration object. This allows the changes to be backwards compatible with older versions of
+        # Airflow.
+        # Can be removed when minimum supported provider version is equal to the version of core airflow
+        # which introduces multi-team configuration.
+        if not hasattr(self, "conf"):
+            from airflow.configuration import conf
+
+            self.conf = conf
+
+    def start(self) -> None:
+        """Start the executor."""
+        # We delay opening these queues until the start method mostly for unit tests. ExecutorLoader caches
+        # instances, so each test reusues the same instance! (i.e. test 1 runs, closes the queues, then test 2
+        # comes back and gets the same LocalExecutor instance, so we have to open new here.)
+        self.workers = {}
+        self._inputs = {}
+        self._outputs = {}
+        self._pending = deque()
+        self._worker_tasks.clear()
+        self._dispatch_counts.clear()
+
+        if self.is_mp_using_fork:
+            # This creates the maximum number of worker processes (parallelism) at once
+            # to minimize gc freeze/unfreeze cycles when using fork in multiprocessing
+            self._spawn_workers_with_gc_freeze(self.parallelism)
+
+    def _check_workers(self):
+        """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
+        self._read_results()
+        # waitpid, not the sentinel or EOF: a task process the worker forked keeps both open after the
+        # worker itself is gone.
+        for pid in [pid for pid, proc in self.workers.items() if not proc.is_alive()]:
+            self._reap_worker(pid)
+        self._dispatch_pending()
+
+    def _reap_worker(self, pid: int) -> None:
+        """Forget a dead worker and its pipes; fail the workload it held unless it reported its end."""
+        proc = self.workers[pid]
+        output = self._outputs.pop(pid)
+        # The frames it finished before dying are in the pipe: read them before deciding that the
+        # workload it held never finished. What is left is a frame it died writing.
+        for key, state, exc in output.read():
+            self._handle_result(pid, key, state, exc)
+        if output.buffer:
+            self.log.warning(
+                "Worker pid=%s died writing a result; dropping %d bytes", pid, len(output.buffer)
+            )
+        output.conn.close()
+        self._inputs.pop(pid).close()
+        del self.workers[pid]
+        proc.join()
+        proc.close()
+        self._fail_lost_workload(pid)
+
+    def _fail_lost_workload(self, pid: int) -> None:
+        # The key is recorded when it is sent, so a worker that died before starting its workload fails
+        # it too: on 3.3 nothing else would ever release it (the scheduler's stuck-in-queued check does
+        # not fire for it), and failed, the scheduler retries it.
+        key = self._worker_tasks.pop(pid, None)
+        if key is not None and key in self.running:
+            self.log.error("Worker pid=%s died while holding %s; marking it failed", pid, key)
+            self._finish_dispatch(
+                key, state_class_for_key(key).FAILED, f"LocalExecutor worker pid={pid} died"
+            )
+
+    def _dispatch_pending(self) -> None:
+        """Send each pending workload to an idle worker, starting workers up to ``parallelism``."""
+        while self._pending:
+            pid = self._idle_worker()
+            if pid is None:
+                # Every worker is busy. The scheduler hands over at most ``parallelism - len(running)``
+                # workloads, so this only happens when keys occupy more workers than slots: a key
+                # dispatched again (a resumed deferral) while its earlier dispatch has not reported is one
+                # slot but two workers, and connection tests are triggered outside the slot count. The
+                # workload waits here, not behind a busy worker's possibly long task, and goes to the
+                # first worker that finishes (or its replacement, if that worker dies).
+                return
+            workload, taken_from = self._pending.popleft()
+            self._worker_tasks[pid] = self.get_workload_key(workload)
+            try:
+                self._send_workload(pid, workload)
+            except BrokenPipeError:
+                # The worker is gone and never got the whole workload: keep it for the next worker.
+                del self._worker_tasks[pid]
+                self._pending.appendleft((workload, taken_from))
+                self._reap_worker(pid)
+            except BaseException:
+                # Nothing was sent (a workload that cannot be pickled, an interrupt): it stays queued.
+                del self._worker_tasks[pid]
+                self._undo_dispatches([workload], [taken_from])
+                raise
+
+    def _send_workload(self, pid: int, workload: ExecutorWorkload | None) -> None:
+        data = ForkingPickler.dumps(workload)  # a workload that cannot be pickled fails before any write
+        try:
+            # No cyclic wait: only an idle worker is sent a workload, and it writes nothing until it has
+            # read all of it, so this write waits at most for that read (in practice not at all: the pipe
+            # is empty and a workload much smaller). Results are read without blocking.
+            self._inputs[pid].send_bytes(data)
+        except BaseException:
+            # EPIPE, or interrupted part way: a torn frame would be read as the start of the next one, so
+            # this worker can take nothing more. It never got the whole workload, so it never started it.
+            self.workers[pid].kill()
+            raise
+
+    def _idle_worker(self) -> int | None:
+        """Return an idle live worker, starting one if all are busy and fewer than ``parallelism`` exist."""
+        for pid, proc in self.workers.items():
+            if pid not in self._worker_tasks and proc.is_alive():
+                return pid
+        if len(self.workers) >= self.parallelism:
+            return None
+        if self.is_mp_using_fork:
+            # Replacements too are forked with the GC frozen, and all at once, to keep freeze/unfreeze
+            # cycles (and copy-on-write of the parent's memory) down.
+            before = set(self.workers)
+            self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))
+            return next(pid for pid in self.workers if pid not in before)
+        # With spawn a worker takes a second or more to start: start only the one this workload needs.
+        return self._spawn_worker()
+
+    def _spawn_worker(self) -> int:
+        input_r, input_w = multiprocessing.Pipe(duplex=False)
+        output_r, output_w = multiprocessing.Pipe(duplex=False)
+        inherited = [input_w, output_r, *self._inputs.values(), *(o.conn for o in self._outputs.values())]
+        p = multiprocessing.Process(
+            target=_run_worker,
+            kwargs={
+                "logger_name": self.log.name,
+                "input": input_r,
+                "output": output_w,
+                # A spawned worker is passed only its own two ends.
+                "inherited": inherited if self.is_mp_using_fork else [],
+                "team_conf": self.conf,
+            },
+        )
+        try:
+            p.start()
+        finally:
+            # The worker's ends belong to the worker alone: a copy kept here would keep its pipes open
+            # after it died, so reading them would never see EOF and writing them never fail.
+            input_r.close()
+            output_w.close()
+        if TYPE_CHECKING:
+            assert p.pid  # Since we've called start
+        self.workers[p.pid] = p
+        self._inputs[p.pid] = input_w
+        self._outputs[p.pid] = _ResultReader(output_r)
+        return p.pid
+
+    def _spawn_workers_with_gc_freeze(self, spawn_number):
+        """
+        Freeze the GC before forking worker process and unfreeze it after forking.
+
+        This is done to prevent memory increase due to COW (Copy-on-Write) by moving all
+        existing objects to the permanent generation before forking the process. After forking,
+        unfreeze is called to ensure there is no impact on gc operations
+        in the original running process.
+
+        Ref: https://docs.python.org/3/library/gc.html#gc.freeze
+        """
+        import gc
+
+        gc.freeze()
+        try:
+            for _ in range(spawn_number):
+                self._spawn_worker()
+        finally:
+            gc.unfreeze()
+
+    def sync(self) -> None:
+        """Sync will get called periodically by the heartbeat method."""
+        self._check_workers()
+
+    def _read_results(self, timeout: float = 0.0) -> None:
+        """Read every complete result waiting, waiting up to ``timeout`` for a result or a worker exit."""
+        readers = {output.conn: pid for pid, output in self._outputs.items() if not output.eof}
+        sentinels = [proc.sentinel for proc in self.workers.values()]
+        ready = multiprocessing.connection.wait([*readers, *sentinels], timeout)
+        for conn, pid in readers.items():
+            if conn in ready:
+                for key, state, exc in self._outputs[pid].read():
+                    self._handle_result(pid, key, state, exc)
+
+    def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState | None, exc) -> None:
+        if pid not in self.workers:
+            return
+        if state is None or state == "running":
+            if state is not None and key in self.running:
+                self.change_state(key, state, remove_running=False)
+        elif self._worker_tasks.get(pid) == key:
+            # Its worker is idle again whatever became of the key: a worker is sent one workload at a
+            # time, and one never marked idle would never be sent another.
+            del self._worker_tasks[pid]
+            if key in self.running:
+                self._finish_dispatch(key, state, exc)
+
+    def end(self) -> None:
+        """End the executor."""
+        self.log.info(
+            "Shutting down LocalExecutor"
+            "; waiting for running tasks to finish.  Signal again if you don't want to wait."
+        )
+        try:
+            # Pending workloads were dispatched as far as the scheduler knows: run them before stopping.
+            while self._pending:
+                self._read_results(timeout=0.1)
+                self._check_workers()
+
+            # Each worker gets its shutdown message on its own pipe, behind at most the workload it runs.
+            for pid in list(self.workers):
+                with contextlib.suppress(OSError):  # already gone: reaped below
+                    self._send_workload(pid, None)
+
+            # A worker cannot exit while it is blocked writing a result nobody reads: keep reading results
+            # while waiting. A worker that is gone is reaped at once, whatever it left in its pipes.
+            while self.workers:
+                self._read_results(timeout=0.1)
+                for pid in [pid for pid, proc in self.workers.items() if not proc.is_alive()]:
+                    self._reap_worker(pid)
+        except (KeyboardInterrupt, SystemExit):
+            self.log.error("KeyboardInterrupt received during shutdown. Force terminating workers.")
+            for pid, proc in list(self.workers.items()):
+                self._terminate_worker_process(proc)
+                # Its complete frames are read, a partial one is dropped: nothing here can block.
+                if not proc.is_alive():
+                    self._reap_worker(pid)
+            raise
+
+    def terminate(self):
+        """Terminate all worker processes under control of the executor forcefully."""
+        self.log.info("Terminating all LocalExecutor worker processes.")
+        for proc in self.workers.values():
+            self._terminate_worker_process(proc)
+
+    def _terminate_worker_process(self, proc: multiprocessing.Process) -> None:
+        """Terminate a worker process, escalating to kill if it stays alive."""
+        if not proc.is_alive():
+            return
+
+        proc.terminate()
+        proc.join(timeout=0.2)
+        if proc.is_alive():
+            self.log.warning("Worker process %s did not stop after SIGTERM. Sending SIGKILL.", proc.pid)
+            proc.kill()
+            proc.join(timeout=0.2)
+
+    def _process_workloads(self, workload_list):
+        for workload in workload_list:
+            taken_from = self._take_queued(workload)
+            key = self.get_workload_key(workload)
+            self.running.add(key)
+            self._dispatch_counts[key] = self._dispatch_counts.get(key, 0) + 1
+            self._pending.append((workload, taken_from))
+        self._check_workers()
+        if self._pending:
+            self.log.warning(
+                "%d dispatched workloads wait for a free worker: every one of %d workers is busy",
+                len(self._pending),
+                len(self.workers),
+            )
+
+    def _take_queued(self, workload) -> dict:
+        """Remove a workload from the executor's queue it waits in, and return that queue."""
+        key = self.get_workload_key(workload)
+        queue = self.executor_queues[workload.type]
+        if queue.pop(key, None) is None:
+            raise KeyError(f"Workload {key} was not found in any queue")
+        return queue
+
+    def _undo_dispatches(self, unsent: list, queues: list[dict]) -> None:
+        """Give back workloads that were registered but never sent: they stay queued, as before."""
+        for workload, queue in zip(unsent, queues, strict=True):
+            key = self.get_workload_key(workload)
+            remaining = self._dispatch_counts.pop(key, 1) - 1
+            if remaining > 0:
+                # An earlier dispatch of the key is still in flight: it keeps the slot.
+                self._dispatch_counts[key] = remaining
+            else:
+                self.running.discard(key)
+            queue[key] = workload
+
+    def _finish_dispatch(self, key: WorkloadKey, state: WorkloadState, info=None) -> None:
+        # A resumed attempt reuses its key, so the previous dispatch can finish while the next one is live.
+        remaining = self._dispatch_counts.pop(key, 1) - 1
+        if remaining > 0:
+            self._dispatch_counts[key] = remaining
+        super().change_state(key, state, info=info, remove_running=remaining <= 0)
+
+    def _forget_workload(self, key: WorkloadKey) -> None:
+        # A worker holding the key stays busy until it reports its end or dies: it is still running the
+        # workload, and a workload sent to it now would wait behind that one.
+        self._dispatch_counts.pop(key, None)
+        self._pending = deque((w, q) for w, q in self._pending if self.get_workload_key(w) != key)
+
+    def change_state(self, key, state, info=None, remove_running=True) -> None:
+        if remove_running:
+            self._forget_workload(key)
+        super().change_state(key, state, info=info, remove_running=remove_running)
+
+    def fail_connection_test(self, key) -> None:
+        self._forget_workload(key)
+        super().fail_connection_test(key)
+
+    def revoke_task(self, *, ti: TaskInstance) -> None:
+        key = self.get_task_key(ti)
+        self.executor_queues[WorkloadType.EXECUTE_TASK].pop(key, None)
+        for pid, task_key in self._worker_tasks.items():
+            if task_key == key:
+                self._terminate_worker_process(self.workers[pid])
+        self._forget_workload(key)
+        self.running.discard(key)
