@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import json
 import os
 import re
@@ -44,12 +45,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from tools import commitmsg, pins
+from tools import commitmsg, lineform, pins
 from tools.errors import ToolError
 from tools.gitcmd import GitError, git
 from tools.layout import DEFAULT as LAYOUT
-from tools.layout import Layout
-from tools.series import read_series_names
+from tools.layout import REPO_TESTS_DIR, Layout
+from tools.series import Patch, read_patch, read_series_names
 
 STATE_FILE = "lepatch-backport.json"
 SERIES_BRANCH = "lepatch-series"
@@ -89,8 +90,12 @@ class BranchStatus(enum.Enum):
 @dataclass
 class SourceCommit:
     patch: str  # file name in patches/
-    sha: str  # the commit on lepatch-series
+    sha: str  # the commit on lepatch-series; "" for a patch already upstream on the base
     title: str
+    index: int = 0  # 1-based position in the series (stage k of a line has it)
+    upstream: str = ""  # the base's version when the patch is already there ("3.4.0b2")
+    upstream_commit: str = ""  # Upstream-Commit: of the patch, when recorded
+    note: str = ""  # the line naming where an upstream patch comes from, in place of "cherry picked"
 
 
 @dataclass
@@ -104,6 +109,7 @@ class BranchRun:
     created: bool = False
     head_before_pick: str = ""
     notes: list[str] = field(default_factory=list)
+    carrier: str = ""  # the commit being picked for the current patch (its line's form if upstream)
 
 
 @dataclass
@@ -119,7 +125,9 @@ class State:
     branches: list[BranchRun]
     test: bool = False
     patches: str = ""  # the patches directory of the run (resolutions are looked up there)
-    schema: int = 1
+    base_sha: str = ""  # the commit the series was applied onto
+    base_line: str = ""  # the pinned line of the base ("3.4" for main)
+    schema: int = 2
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> State:
@@ -136,6 +144,11 @@ class State:
     def remaining(self) -> list[BranchRun]:
         return [b for b in self.branches if not BranchStatus(b.status).finished]
 
+    @property
+    def tip(self) -> str:
+        """The tip of the series branch (the base itself when every patch is upstream)."""
+        return next((s.sha for s in reversed(self.source) if s.sha), self.base_sha)
+
 
 def read_series(layout: Layout) -> list[Path]:
     """The patch files of ``patches/series`` in order."""
@@ -148,15 +161,46 @@ def read_series(layout: Layout) -> list[Path]:
     return [layout.patches / name for name in names]
 
 
-def cherry_picker_message(repo: Path, source_sha: str, branch: str) -> str:
-    """The message cherry_picker writes for ``source_sha`` on ``branch`` (``fix_commit_msg = false``)."""
+def base_line(base: str) -> pins.Line:
+    """The pinned line of the branch the series is applied onto (``main``: the pre-release line)."""
+    return lineform.line_of_branch(base) or lineform.line_of_branch("main") or pins.PRIMARY
+
+
+def patch_message(patch: Patch) -> str:
+    """The commit message ``git am`` makes of a patch mail (DEP-3 block included)."""
+    return f"{patch.subject}\n\n{patch.message}".strip() + "\n"
+
+
+def source_commit(patch: Patch, index: int) -> SourceCommit:
+    msg = commitmsg.parse(patch_message(patch))
+    commit = (msg.get("upstream-commit") or "").strip()
+    if commit and not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise BackportError(
+            f"patches/{patch.name}: Upstream-Commit must be a 40-hex commit id, not {commit!r}"
+        )
+    return SourceCommit(
+        patch.name, "", msg.upstream_title(), index=index, upstream_commit=commit, note=msg.backport_note()
+    )
+
+
+def _first_line(exc: GitError) -> str:
+    text = (exc.stdout + exc.stderr).strip().splitlines()
+    where = [ln.strip() for ln in text if ln.startswith(("CONFLICT", "error: "))]
+    return where[0] if where else (text[-1] if text else str(exc))
+
+
+def cherry_picker_message(repo: Path, source_sha: str, branch: str, origin: str | None = None) -> str:
+    """The message cherry_picker writes for ``source_sha`` on ``branch`` (``fix_commit_msg = false``).
+
+    ``origin`` replaces the ``(cherry picked from commit <source_sha>)`` line: a patch already
+    upstream is applied from the series, so its line names the upstream commit or PR instead."""
     original = git("show", "-s", "--format=%B", source_sha, cwd=repo).strip()
     author = git("log", "-1", "--format=%aN <%ae>", source_sha, cwd=repo).strip()
     # cherry_picker's remove_commit_prefix: drop "[X.Y] " prefixes before adding ours.
     while m := re.match(r"\[\d+(?:\.\d+)+\] *", original):
         original = original[m.end() :]
     message = f"[{branch}] {original}"
-    info = f"(cherry picked from commit {source_sha})\n:"
+    info = f"{origin or f'(cherry picked from commit {source_sha})'}\n:"
     # As cherry_picker: interpret-trailers inserts the Co-authored-by trailer at the start
     # of the trailer block, with the "cherry picked" line abused as a pseudo-trailer before it.
     out = git(
@@ -195,6 +239,7 @@ class Backport:
             raise BackportError(f"{self.repo}: not a git clone (no .git)")
         self.git_dir = Path(git("rev-parse", "--absolute-git-dir", cwd=self.repo).strip())
         self.state_path = self.git_dir / STATE_FILE
+        self._forms: dict[str, lineform.LineForm] = {}
 
     # ------------------------------------------------------------ helpers
 
@@ -270,35 +315,64 @@ class Backport:
         self, base_sha: str, base_name: str, series_branch: str
     ) -> tuple[list[SourceCommit], bool]:
         """Apply the series onto ``base`` in a temporary worktree; return its commits and
-        whether the series branch was created (False: it existed with exactly these commits)."""
+        whether the series branch was created (False: it existed with exactly these commits).
+
+        Each patch is the base line's form of it (the engine's stage k-1 -> k of that line,
+        picked 3-way, so a recorded resolution of the line is what lands); a patch the engine
+        reports ``upstream`` there gets no commit."""
         patches = read_series(self.layout)
+        line = base_line(base_name)
+        form = lineform.line_form(line, self.layout)
+        source: list[SourceCommit] = []
         with tempfile.TemporaryDirectory(prefix="lepatch-series-") as tmp:
             wt = Path(tmp) / "wt"
             self.g("worktree", "add", "--detach", str(wt), base_sha)
             try:
-                source = []
-                for patch in patches:
-                    try:
-                        git("am", "-3", "--quiet", str(patch), cwd=wt)
-                    except GitError as exc:
-                        git("am", "--abort", cwd=wt, check=False)
+                for k, path in enumerate(patches, 1):
+                    patch = read_patch(path)
+                    src = source_commit(patch, k)
+                    if form.has_stage(k) and form.is_upstream(k):
+                        src.upstream = line.version
+                        source.append(src)
+                        continue
+                    if not form.has_stage(k):
                         raise BackportError(
-                            f"{patch}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
-                            f"backport: {exc.stderr.strip().splitlines()[-1] if exc.stderr.strip() else exc}"
+                            f"{path}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
+                            f"backport: {form.details[k - 1] or 'an earlier patch failed'} "
+                            f"(python -m tools apply --line {line.name})"
+                        )
+                    msg = commitmsg.parse(patch_message(patch))
+                    head = git("rev-parse", "HEAD", cwd=wt).strip()
+                    change = lineform.self_contained(
+                        form.change(k - 1, k), form.stage(k),
+                        functools.partial(lineform.has_path, self.repo, head), REPO_TESTS_DIR,
+                    )  # fmt: skip
+                    carrier = lineform.overlay_commit(
+                        self.repo, head, change, msg.upstream_message(),
+                        author=patch.author, date=patch.date,
+                    )  # fmt: skip
+                    try:
+                        git("cherry-pick", "--allow-empty", carrier, cwd=wt)
+                    except GitError as exc:
+                        git("cherry-pick", "--abort", cwd=wt, check=False)
+                        raise BackportError(
+                            f"{path}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
+                            f"backport, as the {line.name} line has it: {_first_line(exc)}"
                         ) from exc
-                    msg = commitmsg.parse(git("log", "-1", "--format=%B", cwd=wt))
                     date = git("log", "-1", "--format=%aI", cwd=wt).strip()
                     # Committer date = author date: the same series on the same base gives the same ids.
                     git(
-                        "commit", "--amend", "--quiet", "--no-verify", "-m", msg.upstream_message(),
-                        cwd=wt, env={"GIT_COMMITTER_DATE": date},
+                        "commit", "--amend", "--quiet", "--no-verify", "--allow-empty", "-m",
+                        msg.upstream_message(), cwd=wt, env={"GIT_COMMITTER_DATE": date},
                     )  # fmt: skip
-                    sha = git("rev-parse", "HEAD", cwd=wt).strip()
-                    source.append(SourceCommit(patch.name, sha, msg.upstream_title()))
+                    src.sha = git("rev-parse", "HEAD", cwd=wt).strip()
+                    source.append(src)
+                tip = git("rev-parse", "HEAD", cwd=wt).strip()
             finally:
                 self.g("worktree", "remove", "--force", str(wt), check=False)
                 self.g("worktree", "prune", check=False)
-        tip = source[-1].sha
+        if tip == base_sha:
+            return source, False  # every patch is upstream: no series branch to make
         existing = self.rev(f"refs/heads/{series_branch}")
         if existing and existing != tip:
             raise BackportError(
@@ -343,7 +417,8 @@ class Backport:
         original_head = self.rev("HEAD") or ""
 
         source, created = self.build_series(base_sha, base, series_branch)
-        sha7 = source[-1].sha[:7]
+        tip = next((s.sha for s in reversed(source) if s.sha), base_sha)
+        sha7 = tip[:7]
         runs = [BranchRun(name, starts[name], f"backport-{sha7}-{name}", lines.get(name)) for name in names]
         if clash := next(
             (r.backport_branch for r in runs if self.rev(f"refs/heads/{r.backport_branch}")), None
@@ -365,10 +440,14 @@ class Backport:
             branches=runs,
             test=test,
             patches=str(self.layout.patches),
+            base_sha=base_sha,
+            base_line=base_line(base).name,
         )
         self.save(st)
+        ups = [s.patch.split("-", 1)[0] for s in source if s.upstream]
         self.say(
-            f"series: {len(source)} patch(es) on {series_branch} ({base} + series, tip {source[-1].sha[:10]})"
+            f"series: {len(source) - len(ups)} patch(es) on {series_branch} ({base} + series, tip {tip[:10]})"
+            + (f"; {', '.join(ups)} already upstream in {source[0].upstream or base}" if ups else "")
         )
         return self._run(st)
 
@@ -407,7 +486,7 @@ class Backport:
                 raise BackportError(
                     f"{self.repo}: no cherry-pick in progress and no new commit on {run.backport_branch}: "
                     f"{patch.patch} is not applied; pick it by hand "
-                    f"(git cherry-pick -x {patch.sha[:10]}) or --abort"
+                    f"(git cherry-pick -x {(run.carrier or patch.sha)[:10]}) or --abort"
                 )
             run.next_patch += 1
             run.status = BranchStatus.IN_PROGRESS.value
@@ -453,7 +532,7 @@ class Backport:
         st = self.load()
         rows = [
             f"backport {st.state} in {st.repo} (started on {st.original_branch or st.original_head[:10]}; "
-            f"source {st.series_branch} {st.source[-1].sha[:10]})",
+            f"source {st.series_branch} {st.tip[:10]})",
             "",
             f"  {'branch':<14} {'backport branch':<34} {'status':<13} patches",
         ]
@@ -493,12 +572,67 @@ class Backport:
             self.save(st, RunState.PICKING)
         return self._finish(st)
 
+    def pick_line(self, run: BranchRun) -> pins.Line:
+        """The line whose form of the series a branch gets (the primary for an unpinned branch)."""
+        return pins.get_line(run.line) if run.line else pins.PRIMARY
+
+    def form(self, line: pins.Line) -> lineform.LineForm:
+        if line.name not in self._forms:
+            self._forms[line.name] = lineform.line_form(line, self.layout)
+        return self._forms[line.name]
+
+    def origin_line(self, src: SourceCommit) -> str | None:
+        """What replaces ``(cherry picked from commit ...)`` for a patch already upstream."""
+        if not src.upstream:
+            return None
+        if src.upstream_commit:
+            return f"(cherry picked from commit {src.upstream_commit})"
+        return src.note
+
+    def marker(self, src: SourceCommit) -> str:
+        """The line of the backported commit's message that names its source."""
+        return (self.origin_line(src) or f"(cherry picked from commit {src.sha})").strip("()")
+
+    def _carrier(self, st: State, run: BranchRun, src: SourceCommit) -> tuple[str, str]:
+        """The commit picked for a patch: the branch line's form of it (the engine's stage k-1 -> k
+        over the branch), so each line gets what was verified for it and a branch that moved on
+        gets a real 3-way merge. A line the series does not reach this far gets the base line's
+        form (what ``lepatch-series`` has), or the patch as written if that is upstream."""
+        k = src.index
+        form = self.form(self.pick_line(run))
+        if not form.has_stage(k):
+            form = self.form(pins.PRIMARY if src.upstream else pins.get_line(st.base_line or "3.4"))
+            if not form.has_stage(k):
+                raise BackportError(
+                    f"{src.patch}: the series does not reach it on {form.line.name}; "
+                    f"python -m tools apply --line {form.line.name}"
+                )
+        patch = read_patch(self.layout.patches / src.patch)
+        msg = commitmsg.parse(patch_message(patch))
+        head = self.rev("HEAD") or ""
+        sha = lineform.overlay_commit(
+            self.repo,
+            head,
+            form.change(k - 1, k),
+            msg.upstream_message(),
+            author=patch.author,
+            date=patch.date,
+        )
+        return sha, f"the {form.line.name} line's form ({form.status(k)})"
+
     def _pick(self, st: State, run: BranchRun) -> None:
         src = st.source[run.next_patch]
         run.head_before_pick = self.rev("HEAD") or ""
+        line = self.pick_line(run)
+        form = self.form(line)
+        if src.upstream and form.has_stage(src.index) and form.is_upstream(src.index):
+            run.notes.append(f"{src.patch}: already in {line.version}, skipped")
+            self.say(f"  {src.patch}: already in {line.version}; skipped")
+            return
+        run.carrier, done = self._carrier(st, run, src)
         self.save(st, RunState.PICKING)
         try:
-            self.g("cherry-pick", "-x", src.sha)
+            self.g("cherry-pick", "--allow-empty", run.carrier)
         except GitError as exc:
             if not (self.git_dir / "CHERRY_PICK_HEAD").exists():
                 raise BackportError(
@@ -520,12 +654,15 @@ class Backport:
             run.notes.append(f"{src.patch}: {how}")
             self.say(f"  {src.patch}: {how}")
             return
+        if (form.has_stage(src.index) and form.status(src.index) != "clean") or src.upstream:
+            run.notes.append(f"{src.patch}: {done}")
         self._amend(run, src)
-        self.say(f"  {src.patch}: clean")
+        self.say(f"  {src.patch}: {done}")
 
     def _amend(self, run: BranchRun, src: SourceCommit) -> None:
-        message = cherry_picker_message(self.repo, src.sha, run.branch)
-        self.g("commit", "--amend", "--quiet", "--no-verify", "-m", message)
+        source = src.sha or run.carrier  # a series patch names its lepatch-series commit
+        message = cherry_picker_message(self.repo, source, run.branch, self.origin_line(src))
+        self.g("commit", "--amend", "--quiet", "--no-verify", "--allow-empty", "-m", message)
 
     def resolution_path(self, run: BranchRun, src: SourceCommit) -> Path | None:
         return self.layout.resolutions / run.line / src.patch if run.line else None
@@ -578,8 +715,11 @@ class Backport:
     # ------------------------------------------------------------ the FAILED report
 
     def base_commit(self, st: State) -> str:
-        """The commit the series was applied onto: the parent of the first source commit."""
-        return self.rev(f"{st.source[0].sha}^") or st.source[0].sha
+        """The commit the series was applied onto."""
+        if st.base_sha:
+            return st.base_sha
+        first = next((s.sha for s in st.source if s.sha), "")
+        return self.rev(f"{first}^") or first
 
     def failed_report(self, st: State, run: BranchRun, src: SourceCommit, conflicts: list[str]) -> str:
         res = self.resolution_path(run, src)
@@ -603,7 +743,12 @@ class Backport:
             "",
             f"The patch {src.patch} does not apply to the {run.branch} branch"
             + (f" (release line {run.line})." if run.line else "."),
-            f"`git cherry-pick -x {src.sha[:10]}` stopped with conflicts in:",
+            f"`git cherry-pick -x {run.carrier[:10]}` stopped with conflicts in:"
+            + (
+                f" (the {self.pick_line(run).name} line's form of a patch already upstream in {src.upstream})"
+                if src.upstream
+                else ""
+            ),
             "",
             *(f"    {name}" for name in conflicts),
             "",
@@ -623,7 +768,7 @@ class Backport:
             "",
             "To keep the resolution for the next run, after --continue:",
             "",
-            f"    git diff $(git log -1 --format=%H --grep='cherry picked from commit {src.sha}' "
+            f"    git diff $(git log -1 --format=%H --grep={shlex.quote(self.marker(src))} -F "
             f"{run.backport_branch})^! -- {' '.join(shlex.quote(c) for c in conflicts)} > "
             f"{shlex.quote(str(res or self.layout.resolutions / '<line>' / src.patch))}",
             "",
@@ -635,8 +780,9 @@ class Backport:
             f"Still to do: {', '.join(later) or 'no further patches'} on {run.branch}"
             + (f"; then {', '.join(remaining)}" if remaining else ""),
             "",
-            f"------------------ original commit in {st.series_branch} ------------------",
-            self.g("show", "--stat", "--format=fuller", src.sha).rstrip(),
+            f"------------------ original commit in {st.series_branch if src.sha else 'the series'} "
+            "------------------",
+            self.g("show", "--stat", "--format=fuller", run.carrier).rstrip(),
         ]
         return "\n".join(lines)
 

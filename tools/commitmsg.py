@@ -25,6 +25,9 @@ DEP3_KEYS = frozenset(
         "reviewed-by",
         "acked-by",
         "significant",
+        "upstream-commit",
+        "pr-folds",
+        "pr-stack-on",
     }
 )
 _FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
@@ -65,6 +68,15 @@ class Message:
     @property
     def significant(self) -> bool:
         return (self.get("significant") or "").strip().lower() in ("yes", "true")
+
+    def backport_note(self) -> str:
+        """``(backported from apache/airflow#N)`` from ``Origin: backport, <PR url>`` (or its URL)."""
+        for value in self.all("origin"):
+            if m := _PR_URL.search(value):
+                return f"(backported from apache/airflow#{m.group(1)})"
+            if url := re.search(r"https?://\S+", value):
+                return f"(backported from {url.group(0).rstrip(',.;')})"
+        return "(backported from upstream)"
 
     def upstream_title(self) -> str:
         """The title as it reads on Airflow's main after a squash merge: ``Title (#PR)``."""

@@ -15,21 +15,23 @@ the report prints the commands for that.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from tools import commitmsg, pins
+from tools import commitmsg, lineform, pins, pr_evidence, pr_internals
 from tools.errors import ToolError
 from tools.gitcmd import GitError, git
 from tools.layout import DEFAULT as LAYOUT
-from tools.layout import Layout
-from tools.series import read_series_names
+from tools.layout import REPO_TESTS_DIR, Layout
+from tools.series import Patch, read_patch, read_series_names
 
 GUIDELINES = "https://github.com/apache/airflow/blob/main/contributing-docs/05_pull_requests.rst"
 GENAI_GUIDELINES = f"[the guidelines]({GUIDELINES}#gen-ai-assisted-contributions)"
@@ -62,6 +64,19 @@ class TestRun:
 
 
 @dataclass
+class Plan:
+    """What the PR's one commit is: the series' change on the base line from ``start`` to ``end``."""
+
+    patch: Path
+    line: pins.Line
+    start: int  # stage the PR starts from (what the base, or the stacked-on branch, has)
+    end: int  # the patch's own stage
+    folds: list[str]  # earlier patches folded in (file names)
+    stack_on: str | None  # patch whose PR branch this one is stacked on
+    upstream: list[str]  # patches already in the base line's release
+
+
+@dataclass
 class Prepared:
     patch: Path
     branch: str
@@ -70,6 +85,10 @@ class Prepared:
     body_path: Path
     tests: TestRun
     newsfragment: str | None
+    plan: Plan | None = None
+    findings: list[pr_internals.Finding] = field(default_factory=list)
+    removed: list[pr_internals.Removed] = field(default_factory=list)
+    stacked_branch: str | None = None
 
 
 def _last_line(text: str) -> str:
@@ -114,12 +133,77 @@ def disclosure(generated_by: str | None) -> str:
     )
 
 
+def pr_folds(patch: Patch) -> str | None:
+    """``PR-Folds:`` (also read as ``PR-Fold``/``PR-Folds-In``): earlier patches folded into this PR."""
+    return next((patch.field(k) for k in ("PR-Folds", "PR-Fold", "PR-Folds-In") if patch.field(k)), None)
+
+
+def pr_stack_on(patch: Patch) -> str | None:
+    """``PR-Stack-On:`` (also ``PR-Stacked-On``): the patch whose PR branch this one stacks on."""
+    return next((patch.field(k) for k in ("PR-Stack-On", "PR-Stacked-On") if patch.field(k)), None)
+
+
+def default_branch(patch: Path) -> str:
+    return re.sub(r"^\d+-", "", patch.name.removesuffix(".patch")).lower()
+
+
+def _title(layout: Layout, name: str) -> str:
+    return read_patch(layout.patches / name).subject
+
+
+def contents_section(plan: Plan, layout: Layout, stacked: str | None, whole: Sequence[str] = ()) -> str:
+    """What the PR's one commit is, in the series' terms."""
+    number = plan.patch.name.split("-", 1)[0]
+    line = f"the {plan.line.name} line ({plan.line.version})"
+    out = ["### What this PR contains", ""]
+    if plan.stack_on is not None:
+        out.append(
+            f"Stacked on `{stacked}`, the PR of {plan.stack_on.split('-', 1)[0]} "
+            f'"{_title(layout, plan.stack_on)}": review and merge that first. This PR adds one commit on '
+            f"top of it: the series' change on {line} from stage {plan.start} to stage {plan.end} "
+            f"({number} alone)."
+        )
+    else:
+        out.append(f"One commit: the series' change on {line} from stage {plan.start} to stage {plan.end}.")
+    if plan.folds:
+        out.append("")
+        out.append(
+            "It folds in the earlier patches of the series that were never proposed on their own, so "
+            "code they add and this change removes again never appears:"
+        )
+        out.append("")
+        out += [f'- {f.split("-", 1)[0]} "{_title(layout, f)}"' for f in plan.folds]
+    if whole:
+        out.append("")
+        out.append(
+            "Test files of earlier patches of the series that this PR's tests edit or need, and that "
+            f"`{plan.line.branch}` does not have, come along whole: "
+            + ", ".join(sorted(f"`{p.rsplit('/', 1)[-1]}`" for p in whole))
+            + "."
+        )
+    if plan.upstream:
+        out.append("")
+        names = ", ".join(n.split("-", 1)[0] for n in plan.upstream)
+        many = len(plan.upstream) > 1
+        out.append(
+            f"{'Patches' if many else 'Patch'} {names} of the series {'are' if many else 'is'} upstream "
+            f"already (in {plan.line.version})."
+        )
+    return "\n".join(out)
+
+
 def pr_body(
-    msg: commitmsg.Message, tests: TestRun, generated_by: str | None, newsfragment: str | None
+    msg: commitmsg.Message,
+    tests: TestRun,
+    generated_by: str | None,
+    newsfragment: str | None,
+    sections: list[str] | None = None,
+    verified: str | None = None,
 ) -> str:
     parts = [msg.body.strip() or msg.title]
     if refs := references(msg):
         parts.append("\n".join(refs))
+    parts += sections or []
     tested = []
     if tests.ran:
         verdict = "passes" if tests.passed else "FAILS"
@@ -130,6 +214,8 @@ def pr_body(
     if newsfragment:
         tested.append(f"- Newsfragment: `{newsfragment}` (user-visible change)")
     parts.append("### How was this tested\n\n" + "\n".join(tested))
+    if verified:
+        parts.append(verified)
     parts.append("---\n\n" + disclosure(generated_by))
     parts.append("---\n\n" + TEMPLATE_TAIL)
     return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
@@ -148,6 +234,8 @@ class PrPreparer:
         generated_by: str | None = None,
         out_dir: Path | None = None,
         out: TextIO | None = None,
+        evidence_dir: Path | None = None,
+        equivalents: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.repo = Path(repo).resolve()
         if not (self.repo / ".git").exists():
@@ -158,6 +246,8 @@ class PrPreparer:
         self.generated_by = generated_by
         self.out_dir = out_dir or layout.build / "pr"
         self.out = out or sys.stdout
+        self.evidence_dir = evidence_dir or layout.build  # verify.json, chaos/<line>.json
+        self.equivalents = pr_internals.EQUIVALENTS if equivalents is None else equivalents
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out)
@@ -185,6 +275,65 @@ class PrPreparer:
                 return sha
         raise PrError(f"{self.repo}: no branch {ref!r} (looked in local, upstream/ and origin/)")
 
+    def rev(self, ref: str) -> str:
+        return self.g("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).strip()
+
+    def refs(self, value: str | None, patch: Path) -> list[str]:
+        """Patch file names from a header value such as ``0004, 0005`` (numbers, stems or names)."""
+        out = []
+        for token in re.split(r"[\s,;]+", value or ""):
+            if token:
+                try:
+                    out.append(self.find_patch(token).name)
+                except PrError:
+                    raise PrError(f"{patch}: names {token!r}, which is not a patch of the series") from None
+        return out
+
+    def plan(self, patch: Path) -> Plan:
+        """The stages the PR spans on the base's line, from the patch's PR-Folds / PR-Stack-On."""
+        line = lineform.line_of_branch(self.base) or lineform.line_of_branch("main") or pins.PRIMARY
+        form = lineform.line_form(line, self.layout)
+        k = form.index(patch.name)
+        if form.has_stage(k) and form.is_upstream(k):
+            raise PrError(
+                f"{patch}: already upstream in {line.version} ({self.base}): there is nothing to propose"
+            )
+        if not form.has_stage(k):
+            failed = next((d for d in form.details[:k] if d), "an earlier patch failed")
+            raise PrError(
+                f"{patch}: the series does not reach it on the {line.name} line ({failed}); "
+                f"python -m tools apply --line {line.name}"
+            )
+        header = read_patch(patch)
+        folds = self.refs(pr_folds(header), patch)
+        stacks = self.refs(pr_stack_on(header), patch)
+        if len(stacks) > 1:
+            raise PrError(f"{patch}: PR-Stack-On names {len(stacks)} patches; a branch stacks on one")
+        stack_on = stacks[0] if stacks else None
+        if stack_on is not None:
+            start = form.index(stack_on)
+        elif folds:
+            start = min(form.index(f) for f in folds) - 1
+        else:
+            start = k - 1
+        if start >= k or any(form.index(f) >= k for f in folds):
+            raise PrError(f"{patch}: PR-Folds and PR-Stack-On may only name earlier patches of the series")
+        between = [form.names[i - 1] for i in range(start + 1, k)]
+        if missing := [n for n in between if n not in folds and not form.is_upstream(form.index(n))]:
+            raise PrError(
+                f"{patch}: its PR would span stages {start}..{k} but PR-Folds does not name "
+                f"{', '.join(n.split('-', 1)[0] for n in missing)}"
+            )
+        pending = [form.names[i - 1] for i in range(1, start + 1) if not form.is_upstream(i)]
+        if folds and stack_on is None and pending:
+            raise PrError(
+                f"{patch}: PR-Folds starts at stage {start}, but "
+                f"{', '.join(n.split('-', 1)[0] for n in pending)} before it are not upstream in "
+                f"{line.version}: fold them too, or stack on their PR (PR-Stack-On)"
+            )
+        upstream = [form.names[i - 1] for i in range(1, k) if form.is_upstream(i)]
+        return Plan(patch, line, start, k, [f for f in between if f in folds], stack_on, upstream)
+
     def prepare(
         self, name: str, *, branch: str | None = None, force: bool = False, run_tests: bool = True
     ) -> Prepared:
@@ -192,62 +341,96 @@ class PrPreparer:
         if not patch.is_file():
             raise PrError(f"{patch}: listed in the series but missing")
         stem = patch.name.removesuffix(".patch")
-        branch = branch or re.sub(r"^\d+-", "", stem).lower()
-        exists = self.g("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False).strip()
+        branch = branch or default_branch(patch)
+        exists = self.rev(f"refs/heads/{branch}")
         if exists and not force:
             raise PrError(f"{self.repo}: branch {branch} already exists; pass --force to make it again")
         if exists and self.g("symbolic-ref", "--quiet", "--short", "HEAD", check=False).strip() == branch:
             raise PrError(f"{self.repo}: branch {branch} is checked out; switch away before --force")
-        base_sha = self.resolve(self.base)
+        plan = self.plan(patch)
+        stacked = None
+        if plan.stack_on is not None:
+            stacked = default_branch(self.layout.patches / plan.stack_on)
+            if not self.rev(f"refs/heads/{stacked}"):
+                self.say(f"{patch.name} stacks on {plan.stack_on}: preparing its branch {stacked} first")
+                self.prepare(plan.stack_on, run_tests=run_tests)
+                self.say("")
+            base_sha = self.rev(f"refs/heads/{stacked}")
+        else:
+            base_sha = self.resolve(self.base)
         with tempfile.TemporaryDirectory(prefix="lepatch-pr-") as tmp:
             wt = Path(tmp) / "wt"
             self.g("worktree", "add", "--detach", str(wt), base_sha)
             try:
-                return self._prepare_in(wt, patch, stem, branch, base_sha, exists, run_tests)
+                return self._prepare_in(wt, plan, stem, branch, base_sha, exists, run_tests, stacked)
             finally:
                 self.g("worktree", "remove", "--force", str(wt), check=False)
                 self.g("worktree", "prune", check=False)
 
     def _prepare_in(
-        self, wt: Path, patch: Path, stem: str, branch: str, base_sha: str, exists: str, run_tests: bool
+        self,
+        wt: Path,
+        plan: Plan,
+        stem: str,
+        branch: str,
+        base_sha: str,
+        exists: str,
+        run_tests: bool,
+        stacked: str | None,
     ) -> Prepared:
-        try:
-            try:
-                git("am", "-3", str(patch), cwd=wt)
-            except GitError:
-                # The patch's preimage blobs come from the stage before it; if main lacks the
-                # earlier patches, 3-way has no ancestor. Make those blobs exist and retry.
-                git("am", "--abort", cwd=wt, check=False)
-                if not self._seed_preimages(wt, patch, base_sha):
-                    raise
-                git("am", "-3", str(patch), cwd=wt)
-        except GitError as exc:
-            git("am", "--abort", cwd=wt, check=False)
-            where = [
-                ln.strip()
-                for ln in (exc.stdout + exc.stderr).splitlines()
-                if ln.startswith(("CONFLICT", "error: patch failed", "error: "))
-                and "could not build fake" not in ln
-            ]
-            earlier = read_series_names(self.layout.series_file)
-            earlier = earlier[: earlier.index(patch.name)] if patch.name in earlier else []
-            hint = (
-                f"; it builds on {', '.join(n.split('-', 1)[0] for n in earlier)} of the series: "
-                "prepare and merge those first (nox -s pr -- --repo REPO N), or use --base with a branch "
-                "that has them"
-                if earlier
-                else ""
-            )
-            raise PrError(
-                f"{patch}: does not apply to {self.base} ({base_sha[:10]}) even with 3-way merge: "
-                f"{where[0] if where else _last_line(exc.stderr)}{hint}"
-            ) from exc
-        original = git("log", "-1", "--format=%B", cwd=wt)
+        patch = plan.patch
+        form = lineform.line_form(plan.line, self.layout)
+        header = read_patch(patch)
+        original = f"{header.subject}\n\n{header.message}".strip() + "\n"
         msg = commitmsg.parse(original)
         generated_by = self.generated_by
         if not generated_by and (m := re.search(r"^Generated-by:\s*(.+)$", original, flags=re.M)):
             generated_by = m.group(1).strip()
         message = msg.title + (f"\n\n{msg.body}" if msg.body else "") + "\n"
+        coauthors = []
+        for name in plan.folds:
+            author = read_patch(self.layout.patches / name).author
+            if author and author != header.author and author not in coauthors:
+                coauthors.append(author)
+        if coauthors:
+            message += "\n" + "".join(f"Co-authored-by: {a}\n" for a in coauthors)
+        start_tree = form.stage(plan.start)
+        change = lineform.self_contained(
+            form.change(plan.start, plan.end),
+            form.stage(plan.end),
+            lambda p: lineform.has_path(self.repo, base_sha, p),
+            REPO_TESTS_DIR,
+        )
+        carrier = lineform.overlay_commit(
+            self.repo,
+            base_sha,
+            change,
+            message,
+            author=header.author,
+            date=header.date,
+        )
+        try:
+            git("cherry-pick", "--allow-empty", carrier, cwd=wt)
+        except GitError as exc:
+            git("cherry-pick", "--abort", cwd=wt, check=False)
+            where = [
+                ln.strip()
+                for ln in (exc.stdout + exc.stderr).splitlines()
+                if ln.startswith(("CONFLICT", "error: "))
+            ]
+            pending = [n for n in form.names[: plan.start] if n not in plan.upstream]
+            hint = (
+                f"; it builds on {', '.join(n.split('-', 1)[0] for n in pending)} of the series, not "
+                f"upstream in {plan.line.version}: fold them in (PR-Folds:) or stack on their PR "
+                "(PR-Stack-On:), or use --base with a branch that has them"
+                if pending
+                else ""
+            )
+            onto = stacked or self.base
+            raise PrError(
+                f"{patch}: does not apply to {onto} ({base_sha[:10]}) even with 3-way merge: "
+                f"{where[0] if where else _last_line(exc.stderr)}{hint}"
+            ) from exc
         newsfragment = None
         if msg.significant:
             number = msg.pr_number or next(
@@ -261,34 +444,58 @@ class PrPreparer:
             (wt / newsfragment).parent.mkdir(parents=True, exist_ok=True)
             (wt / newsfragment).write_text(text)
             git("add", newsfragment, cwd=wt)
-        git("commit", "--amend", "--quiet", "--no-verify", "-m", message, cwd=wt)
+        git("commit", "--amend", "--quiet", "--no-verify", "--allow-empty", "-m", message, cwd=wt)
         commit = git("rev-parse", "HEAD", cwd=wt).strip()
-        tests = self.run_tests(wt, commit) if run_tests else TestRun(False, False, "", "skipped (--no-test)")
+        removed, found, scanned = self.internals(wt, commit, plan, form)
+        tests = (
+            self.run_tests(wt, commit, plan.line)
+            if run_tests
+            else TestRun(False, False, "", "skipped (--no-test)")
+        )
         self.g("branch", "--force" if exists else "--no-track", branch, commit)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         body_path = self.out_dir / f"{stem}.md"
-        body_path.write_text(pr_body(msg, tests, generated_by, newsfragment))
-        result = Prepared(patch, branch, commit, msg.title, body_path, tests, newsfragment)
+        sections = [
+            contents_section(
+                plan,
+                self.layout,
+                stacked,
+                [p for p, (a, _) in change.items() if a is None and p in start_tree],
+            ),
+            pr_internals.render(removed, found, scanned, REPO_TESTS_DIR),
+        ]
+        verified = pr_evidence.section(
+            self.evidence_dir, [*plan.folds, patch.name], plan.line.name, plan.end, pins.PRIMARY.name
+        )
+        body_path.write_text(pr_body(msg, tests, generated_by, newsfragment, sections, verified))
+        result = Prepared(
+            patch, branch, commit, msg.title, body_path, tests, newsfragment, plan, found, removed, stacked
+        )
         self.report(result, generated_by)
         return result
 
-    def _seed_preimages(self, wt: Path, patch: Path, base_sha: str) -> bool:
-        """Apply the patches before ``patch`` (objects only), then go back to ``base_sha``."""
-        earlier = []
-        for name in read_series_names(self.layout.series_file):
-            if name == patch.name:
-                break
-            earlier.append(self.layout.patches / name)
-        if not earlier:
-            return False
-        for path in earlier:
-            try:
-                git("am", "-3", "--quiet", str(path), cwd=wt)
-            except GitError:
-                git("am", "--abort", cwd=wt, check=False)
-                break
-        git("reset", "--hard", "--quiet", base_sha, cwd=wt)
-        return True
+    def internals(
+        self, wt: Path, commit: str, plan: Plan, form: lineform.LineForm
+    ) -> tuple[list[pr_internals.Removed], list[pr_internals.Finding], int]:
+        """What the PR removes, and every use of it in the clone's tests outside the PR."""
+        before = form.stage(plan.start).get(pins.REPO_PATH, b"").decode("utf-8", "replace")
+        after = form.stage(plan.end).get(pins.REPO_PATH, b"").decode("utf-8", "replace")
+        try:
+            removed = pr_internals.removed_internals(before, after)
+        except (SyntaxError, ValueError) as exc:
+            raise PrError(f"{plan.patch}: cannot read the executor it produces: {exc}") from exc
+        ours = set(git("diff-tree", "--no-commit-id", "--name-only", "-r", commit, cwd=wt).split())
+        listed = git("ls-files", "-z", "--", f"{pr_internals.TESTS_ROOT}*.py", cwd=wt).split("\0")
+        files = {
+            rel: (wt / rel).read_bytes()
+            for rel in listed
+            if rel and rel not in ours and not rel.startswith(REPO_TESTS_DIR + "/")
+        }
+        hits = pr_internals.scan_tests(files, {r.name for r in removed})
+        our_tests = pr_internals.test_functions(
+            {p: d for p, d in form.stage(plan.end).items() if p.startswith(REPO_TESTS_DIR + "/")}
+        )
+        return removed, pr_internals.findings(removed, hits, our_tests, self.equivalents), len(files)
 
     def test_files(self, wt: Path, commit: str) -> list[str]:
         changed = git("diff-tree", "--no-commit-id", "--name-only", "-r", commit, cwd=wt).split()
@@ -298,46 +505,49 @@ class PrPreparer:
             if "/tests/" in f"/{f}" and Path(f).name.startswith("test_") and f.endswith(".py")
         ]
 
-    def run_tests(self, wt: Path, commit: str) -> TestRun:
+    def run_tests(self, wt: Path, commit: str, line: pins.Line = pins.PRIMARY) -> TestRun:
+        """The PR's test files, in the line's venv with the branch's executor installed."""
         files = self.test_files(wt, commit)
         if not files:
             return TestRun(False, False, "", "the patch adds or changes no test files")
         notes = []
         python = self.python
+        env = None
         if python is None:
             try:
-                from tools import venvs  # the engine's venv helper: a pinned 3.3 env
+                from tools import venvs  # the engine's venv helper: the line's pinned env
 
-                python = Path(venvs.ensure(pins.PRIMARY))
+                python = Path(venvs.ensure(line))
                 venvs.install_executor(python, (wt / pins.REPO_PATH).read_bytes())
                 notes.append(
-                    f"apache-airflow-core {pins.PRIMARY.version} with this branch's `local_executor.py`, "
-                    "no database"
+                    f"apache-airflow-core {line.version} (the {line.name} line's venv) with this branch's "
+                    "`local_executor.py`, no database"
                 )
+                env = venvs.test_env(wt / ".lepatch-airflow-home")
+                env.pop("PYTHONPATH", None)  # the clone's tests, not this project's
             except ImportError:
                 return TestRun(
                     False, False, "", "no test environment: pass --python (tools.venvs is missing)"
                 )
             except Exception as exc:
-                return TestRun(False, False, "", f"could not set up the 3.3 test environment: {exc}")
+                return TestRun(False, False, "", f"could not set up the {line.name} test environment: {exc}")
         command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
         shown = "python -m pytest " + " ".join(files)
-        env = None
-        if self.python is None:
-            from tools import venvs
-
-            env = venvs.test_env(wt / ".lepatch-airflow-home")
-            env.pop("PYTHONPATH", None)  # the clone's tests, not this project's
         proc = subprocess.run(command, cwd=wt, env=env, capture_output=True, text=True)
         if proc.returncode in (2, 3, 4):  # collection or conftest import failed: Airflow's test env is absent
             notes.append(
                 f"with Airflow's conftest it cannot run here "
                 f"({_last_line(proc.stdout + proc.stderr)[:160]}); "
-                "run self-contained instead"
+                "run self-contained instead (Airflow's own conftest and pytest settings left out)"
             )
-            command.insert(4, "--noconftest")
-            shown = "python -m pytest --noconftest " + " ".join(files)
+            here = os.path.commonpath([str(Path(f).parent) for f in files])
+            ini = wt / ".lepatch-pytest.ini"
+            ini.write_text("[pytest]\n")
+            extra = ["-c", str(ini), "--rootdir", str(wt), f"--confcutdir={here}"]
+            command[4:4] = extra
+            shown = f"python -m pytest --confcutdir={here} " + " ".join(files)
             proc = subprocess.run(command, cwd=wt, env=env, capture_output=True, text=True)
+            ini.unlink()
         summary = _last_line(proc.stdout).strip("= ") or _last_line(proc.stderr)
         if proc.returncode == 5:
             return TestRun(False, False, shown, f"no tests collected from {', '.join(files)}", notes)

@@ -1,21 +1,23 @@
-"""Upstream PR preparation against a synthetic Airflow clone and a tiny synthetic series."""
+"""Upstream PR preparation against a synthetic Airflow clone (main = 3.4.0b2) and a synthetic series."""
 
 from __future__ import annotations
 
 import io
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from tools import commitmsg
+from tools import commitmsg, pr_evidence, pr_internals
 from tools import pr as prmod
 from tools.layout import Layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic_airflow as syn
 
-PYTHON = Path(sys.executable)  # has pytest; the synthetic test needs nothing else
+PYTHON = Path(sys.executable)  # has pytest; the synthetic tests need nothing else
+EQUIVALENTS = {"_check_workers": ("test_reap.py::test_dead_worker_is_reaped", "test_reap.py::test_not_there")}
 
 
 def git(repo: Path, *args: str) -> str:
@@ -24,64 +26,236 @@ def git(repo: Path, *args: str) -> str:
 
 def preparer(repo: Path, layout: Layout, tmp_path: Path, **kw: object) -> prmod.PrPreparer:
     return prmod.PrPreparer(
-        repo, layout=layout, python=PYTHON, out_dir=tmp_path / "pr", out=io.StringIO(), **kw
-    )  # type: ignore[arg-type]
+        repo,
+        layout=layout,
+        python=kw.pop("python", PYTHON),  # type: ignore[arg-type]
+        out_dir=tmp_path / "pr",
+        out=io.StringIO(),
+        evidence_dir=tmp_path / "build",
+        equivalents=EQUIVALENTS,
+        **kw,  # type: ignore[arg-type]
+    )
 
 
-def test_prepare_a_significant_patch_with_tests(
-    world: tuple[Path, Layout, list[str]], tmp_path: Path
+def changed(repo: Path, branch: str) -> list[str]:
+    return git(repo, "show", "--name-only", "--format=", branch).split()
+
+
+def test_folded_pr_is_one_commit_from_the_last_upstream_stage(
+    world: tuple[Path, Layout, list[str]], tmp_path: Path, bases: dict[str, bytes]
 ) -> None:
     repo, layout, names = world
+    syn.plant_upstream_tests(repo)
     head_before = git(repo, "rev-parse", "HEAD")
-    p = preparer(repo, layout, tmp_path, generated_by="Claude Code").prepare("2")
-    assert p.branch == "drain-the-result-queue-before-each-workload-put"
-    # One commit on main, DEP-3 lines gone, author kept, newsfragment included.
+    p = preparer(repo, layout, tmp_path, generated_by="Claude Code").prepare("4")
+    assert p.branch == "reap-dead-workers-in-one-place"
+    assert p.plan is not None and (p.plan.start, p.plan.end) == (1, 4) and p.plan.folds == names[1:3]
     assert git(repo, "rev-list", "--count", f"main..{p.branch}").strip() == "1"
+    # Exactly the 3.4 line's stage 4: the seed's helper (added by 3, removed by 4) never appears.
+    diff = git(repo, "show", p.branch)
+    assert "_drain_some" not in diff and "_DRAIN_BATCH" not in diff
+    assert git(repo, "show", f"{p.branch}:{syn.REPO_PATH}") == syn.stage_text(bases, "3.4", 4)
+    files = changed(repo, p.branch)
+    # its tests, plus the test files of upstream patch 1 that they edit or need (main lacks them)
+    assert {syn.REAP_TEST_PATH, syn.TEST_PATH, syn.TERMINATE_TEST_PATH, syn.CONFTEST_PATH} <= set(files)
     message = git(repo, "log", "-1", "--format=%B", p.branch)
-    assert message.startswith(syn.TITLES[2] + "\n\n" + syn.BODIES[2])
-    for key in ("Origin:", "Bug:", "Forwarded:", "Applied-Upstream:", "Last-Update:", "Significant:"):
-        assert key not in message
+    assert message.startswith(syn.TITLES[4] + "\n\n" + syn.BODIES[4]) and "PR-Folds" not in message
     assert git(repo, "log", "-1", "--format=%an <%ae>", p.branch).strip() == syn.AUTHOR
-    files = git(repo, "show", "--name-only", "--format=", p.branch).split()
-    assert "airflow-core/newsfragments/70545.significant.rst" in files and syn.TEST_PATH in files
-    # Patch 2 alone (3-way over main, which lacks patch 1): its change and nothing else.
-    bases = syn.all_bases()
-    assert bases is not None
-    assert git(repo, "show", f"{p.branch}:{syn.REPO_PATH}") == syn.edit2(bases["3.3"].decode(), "3.3")
-    # The tests ran there, with plain pytest.
-    assert p.tests.ran and p.tests.passed and "1 passed" in p.tests.summary
-    # The clone's own checkout is untouched and no worktree is left behind.
+    assert p.tests.ran and p.tests.passed and "4 passed" in p.tests.summary
     assert git(repo, "rev-parse", "HEAD") == head_before and git(repo, "status", "--porcelain") == ""
     assert len(git(repo, "worktree", "list").splitlines()) == 1
 
-    body = (tmp_path / "pr" / f"{names[1].removesuffix('.patch')}.md").read_text()
-    assert body.startswith(syn.BODIES[2])
-    assert "\ncloses: #70526\n" in body
-    assert "### How was this tested" in body and f"python -m pytest {syn.TEST_PATH}` passes" in body
-    assert "##### Was generative AI tooling used to co-author this PR?" in body
-    assert (
-        "- [X] Yes (please specify the tool below)\n\nGenerated-by: Claude Code following [the guidelines]"
-        in body
-    )
-    assert "Origin:" not in body
-
-
-def test_no_newsfragment_unless_significant_and_no_tests_reported(
-    world: tuple[Path, Layout, list[str]], tmp_path: Path
-) -> None:
-    repo, layout, names = world
-    p = preparer(repo, layout, tmp_path).prepare(names[0])
-    assert p.newsfragment is None
-    files = git(repo, "show", "--name-only", "--format=", p.branch).split()
-    assert not any("newsfragments" in f for f in files)
-    assert not p.tests.ran and "no test files" in p.tests.summary
     body = p.body_path.read_text()
-    assert "related: #70526" in body  # the message does not say it fixes the issue
-    assert "Not run by the preparation tool: the patch adds or changes no test files" in body
-    assert "- [ ] Yes (please specify the tool below)" in body and "<!--\nGenerated-by: [Tool Name]" in body
+    assert body.startswith(syn.BODIES[4])
+    assert "from stage 1 to stage 4" in body and "Patch 0001 of the series is upstream already" in body
+    assert f'- 0002 "{syn.TITLES[2]}"' in body and f'- 0003 "{syn.TITLES[3]}"' in body
+    assert "`conftest.py`, `test_terminate.py`" in body
+    # removed internals, derived from the code: two renames
+    assert [(r.qualified, r.how) for r in p.removed] == [
+        ("local_executor._run_worker", "renamed to _worker_loop"),
+        ("LocalExecutor._check_workers", "renamed to _reap_workers"),
+    ]
+    rows = [(f.hit.path, f.hit.test, f.hit.name, f.hit.how, tuple(f.ours)) for f in p.findings]
+    reap = ("test_reap.py::test_dead_worker_is_reaped",)
+    spawn = "TestLocalExecutor.test_spawn_targets_run_worker"
+    assert rows == [
+        (syn.UPSTREAM_TEST, "TestLocalExecutor.test_sync_checks_workers", "_check_workers", "string", reap),
+        (syn.UPSTREAM_TEST, spawn, "_run_worker", "string", ()),
+        (syn.UPSTREAM_TEST, spawn, "_run_worker", "attribute", ()),
+        (syn.UPSTREAM_CHECK_WORKERS_TEST, "test_check_workers_on_an_unstarted_executor", "_check_workers",
+         "attribute", reap),
+    ]  # fmt: skip
+    assert "4 use(s) in 2 of the 3 test files" in body  # the unrelated scheduler test has no hit
+    assert (
+        f"| `{syn.UPSTREAM_CHECK_WORKERS_TEST}:9` | `test_check_workers_on_an_unstarted_executor` | "
+        "`LocalExecutor._check_workers` (attribute) | `test_reap.py::test_dead_worker_is_reaped` |"
+    ) in body
+    assert "`local_executor._run_worker` (string) | no equivalent |" in body
+    assert "test_not_there" not in body  # a mapped test the PR does not have is not claimed
+    assert "### How this was verified" in body and "`build/verify.json` is absent" in body
+    assert "Generated-by: Claude Code" in body and "Origin:" not in body
 
 
-def test_falls_back_to_no_conftest_when_airflows_test_env_is_absent(
+def test_stacked_pr_prepares_its_base_first(
+    world: tuple[Path, Layout, list[str]], tmp_path: Path, bases: dict[str, bytes]
+) -> None:
+    repo, layout, _ = world
+    syn.plant_upstream_tests(repo)
+    out = io.StringIO()
+    prep = preparer(repo, layout, tmp_path)
+    prep.out = out
+    p = prep.prepare("0005")
+    parent = "reap-dead-workers-in-one-place"
+    assert p.stacked_branch == parent and f"preparing its branch {parent} first" in out.getvalue()
+    assert git(repo, "rev-parse", f"{p.branch}~1") == git(repo, "rev-parse", parent)
+    assert git(repo, "rev-list", "--count", f"main..{parent}").strip() == "1"
+    assert git(repo, "show", f"{p.branch}:{syn.REPO_PATH}") == syn.stage_text(bases, "3.4", 5)
+    assert changed(repo, p.branch) == [syn.REPO_PATH]
+    body = p.body_path.read_text()
+    assert f'Stacked on `{parent}`, the PR of 0004 "{syn.TITLES[4]}"' in body
+    assert "from stage 4 to stage 5 (0005 alone)" in body
+    assert [(r.qualified, r.how) for r in p.removed] == [
+        ("LocalExecutor._read_results", "renamed to _drain_results")
+    ]
+    assert "`TestLocalExecutor.test_read_results_by_name` | `LocalExecutor._read_results` (string)" in body
+    # The base branch exists now: a second stacked preparation reuses it.
+    again = preparer(repo, layout, tmp_path).prepare("5", force=True)
+    assert git(repo, "rev-parse", f"{again.branch}~1") == git(repo, "rev-parse", parent)
+
+
+def test_tests_run_in_the_base_lines_venv_with_the_branch_executor(
+    world: tuple[Path, Layout, list[str]],
+    tmp_path: Path,
+    bases: dict[str, bytes],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tools import venvs
+
+    repo, layout, _ = world
+    seen: dict[str, object] = {}
+
+    def ensure(line: object, *args: object, **kw: object) -> Path:
+        seen["line"] = getattr(line, "name", line)
+        return PYTHON
+
+    def install(python: object, source: bytes) -> Path:
+        seen["source"] = source
+        return tmp_path / "unused"
+
+    monkeypatch.setattr(venvs, "ensure", ensure)
+    monkeypatch.setattr(venvs, "install_executor", install)
+    p = prmod.PrPreparer(
+        repo, layout=layout, out_dir=tmp_path / "pr", out=io.StringIO(), evidence_dir=tmp_path / "b"
+    ).prepare("4")
+    assert seen["line"] == "3.4" and seen["source"] == syn.stage_text(bases, "3.4", 4).encode()
+    assert p.tests.ran and p.tests.passed
+    assert any("3.4.0b2 (the 3.4 line's venv)" in n for n in p.tests.notes)
+
+
+def test_verified_section_from_verify_and_chaos_json(tmp_path: Path) -> None:
+    patch = "0004-Reap-dead-workers-in-one-place.patch"
+    cells = {str(k): {"outcome": "fail" if k < 4 else "pass", "unexpected": False} for k in range(6)}
+    verify = {
+        "series": ["a", "b", "c", patch, "e"],
+        "lines": {
+            "3.4": {
+                "version": "3.4.0b2",
+                "stages": list(range(6)),
+                "tests": {
+                    "tests/executor/test_reap.py::test_dead_worker_is_reaped": {
+                        "fixed_by": patch,
+                        "cells": cells,
+                    },
+                    "tests/executor/test_other.py::test_x": {"fixed_by": "other.patch", "cells": cells},
+                },
+            }
+        },
+    }
+    (tmp_path / "chaos").mkdir()
+    (tmp_path / "verify.json").write_text(json.dumps(verify))
+    chaos = {
+        "version": "3.4.0b2",
+        "seed": 2026,
+        "stages": [
+            {"stage": 0, "runs": 6, "faults": {"idle": 3}, "hangs": 3, "lost_keys": 2,
+             "misattributed_keys": 0, "end_over_bound": 0, "errors": 0},
+            {"stage": 4, "runs": 6, "faults": {"idle": 2, "run": 2}, "hangs": 0, "lost_keys": 0,
+             "misattributed_keys": 0, "end_over_bound": 0, "errors": 0},
+        ],
+    }  # fmt: skip
+    (tmp_path / "chaos" / "3.4.json").write_text(json.dumps(chaos))
+    text = pr_evidence.section(tmp_path, [patch], "3.4", 4, "3.3")
+    assert (
+        "test_reap.py::test_dead_worker_is_reaped  0004      FAIL   FAIL   FAIL   FAIL   pass   pass" in text
+    )
+    assert "test_other" not in text
+    assert "stage 4: 6 seeded runs (seed 2026), 4 faults injected, 0 hangs, 0 lost keys" in text
+    (tmp_path / "verify.json").unlink()
+    (tmp_path / "chaos" / "3.4.json").unlink()
+    text = pr_evidence.section(tmp_path, [patch], "3.4", 4, "3.3")
+    assert "`build/verify.json` is absent" in text and "`build/chaos/3.4.json` is absent" in text
+
+
+def test_removed_internals_from_the_code() -> None:
+    before = (
+        "import os\nfrom multiprocessing import SimpleQueue\n\n\ndef helper():\n    return 1\n\n\n"
+        "class LocalExecutor:\n    result_queue: SimpleQueue\n\n    def start(self):\n"
+        "        self.activity_queue = SimpleQueue()\n        self._unread_messages = 0\n\n"
+        "    def _check_workers(self):\n        return os.getpid()\n"
+    )
+    after = (
+        "import os\n\n\ndef helper():\n    return 1\n\n\nclass LocalExecutor:\n    def start(self):\n"
+        "        self._workers = {}\n\n    def _check_workers(self):\n        return 2\n"
+    )
+    removed = {(r.qualified, r.how.split(":")[0]) for r in pr_internals.removed_internals(before, after)}
+    assert removed == {
+        ("local_executor.SimpleQueue", "removed"),
+        ("LocalExecutor.result_queue", "removed"),
+        ("LocalExecutor.activity_queue", "removed"),
+        ("LocalExecutor._unread_messages", "removed"),
+        ("LocalExecutor._check_workers", "semantics changed"),
+    }
+
+
+def test_refusals_change_nothing(world: tuple[Path, Layout, list[str]], tmp_path: Path) -> None:
+    repo, layout, names = world
+    refs_before = git(repo, "for-each-ref")
+    with pytest.raises(prmod.PrError, match="no patch '9'"):
+        preparer(repo, layout, tmp_path).prepare("9")
+    with pytest.raises(prmod.PrError, match=rf"{names[0]}: already upstream in 3.4.0b2") as exc:
+        preparer(repo, layout, tmp_path).prepare("1")
+    assert "\n" not in str(exc.value)
+    # A PR-Folds that leaves out a patch between the upstream stage and this one.
+    text = (layout.patches / names[3]).read_text()
+    (layout.patches / names[3]).write_text(text.replace("PR-Folds: 0002, 0003", "PR-Folds: 0003"))
+    with pytest.raises(prmod.PrError, match=rf"{names[3]}: PR-Folds starts at stage 2, but 0002"):
+        preparer(repo, layout, tmp_path).prepare("4")
+    (layout.patches / names[3]).write_text(text.replace("PR-Folds: 0002, 0003", "PR-Folds: 0002, 0009"))
+    with pytest.raises(prmod.PrError, match=rf"{names[3]}: names '0009', which is not a patch"):
+        preparer(repo, layout, tmp_path).prepare("4")
+    (layout.patches / names[3]).write_text(text)
+    assert git(repo, "for-each-ref") == refs_before
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+    assert not (tmp_path / "pr").exists()
+
+    first = preparer(repo, layout, tmp_path).prepare("2")
+    with pytest.raises(prmod.PrError, match="already exists; pass --force"):
+        preparer(repo, layout, tmp_path).prepare("2")
+    again = preparer(repo, layout, tmp_path).prepare("2", force=True)
+    assert again.branch == first.branch
+
+
+def test_significant_patch_gets_a_newsfragment(world: tuple[Path, Layout, list[str]], tmp_path: Path) -> None:
+    repo, layout, _ = world
+    p = preparer(repo, layout, tmp_path).prepare("2")
+    assert p.newsfragment == "airflow-core/newsfragments/70545.significant.rst"
+    assert p.newsfragment in changed(repo, p.branch)
+    body = p.body_path.read_text()
+    assert "\ncloses: #70526\n" in body
+    assert f"python -m pytest {syn.TEST_PATH}` passes" in body
+
+
+def test_falls_back_to_self_contained_when_airflows_test_env_is_absent(
     world: tuple[Path, Layout, list[str]], tmp_path: Path
 ) -> None:
     repo, layout, _ = world
@@ -90,10 +264,10 @@ def test_falls_back_to_no_conftest_when_airflows_test_env_is_absent(
     conftest.write_text("import tests_common  # only in Airflow's breeze environment\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "Add a conftest that needs Airflow's dev env")
-    p = preparer(repo, layout, tmp_path).prepare("0002")
-    assert p.tests.ran and p.tests.passed and "--noconftest" in p.tests.command
+    p = preparer(repo, layout, tmp_path).prepare("0004")
+    assert p.tests.ran and p.tests.passed and "--confcutdir=" in p.tests.command
     assert any("cannot run here" in n for n in p.tests.notes)
-    assert "--noconftest" in p.body_path.read_text()
+    assert "--confcutdir=airflow-core/tests/unit/executors/local_executor" in p.body_path.read_text()
 
 
 def test_failing_tests_are_reported_and_exit_non_zero(
@@ -110,28 +284,6 @@ def test_failing_tests_are_reported_and_exit_non_zero(
     args = ["--repo", str(repo), "--patches", str(layout.patches), "--python", str(PYTHON)]
     assert prmod.main([*args, "--out-dir", str(tmp_path / "pr"), "2"]) == 1
     assert "tests FAILED" in capsys.readouterr().out
-
-
-def test_refusals_change_nothing(world: tuple[Path, Layout, list[str]], tmp_path: Path) -> None:
-    repo, layout, names = world
-    refs_before = git(repo, "for-each-ref")
-    with pytest.raises(prmod.PrError, match="no patch '9'"):
-        preparer(repo, layout, tmp_path).prepare("9")
-    # Patch 2 does not apply to v3-1-test's executor, even 3-way.
-    with pytest.raises(
-        prmod.PrError, match=rf"{names[1]}: does not apply to v3-1-test .*local_executor.py"
-    ) as exc:
-        preparer(repo, layout, tmp_path, base="v3-1-test").prepare("2")
-    assert "\n" not in str(exc.value)
-    assert git(repo, "for-each-ref") == refs_before
-    assert len(git(repo, "worktree", "list").splitlines()) == 1
-    assert not (tmp_path / "pr").exists()
-
-    first = preparer(repo, layout, tmp_path).prepare("3")
-    with pytest.raises(prmod.PrError, match="already exists; pass --force"):
-        preparer(repo, layout, tmp_path).prepare("3")
-    again = preparer(repo, layout, tmp_path).prepare("3", force=True)
-    assert again.branch == first.branch
 
 
 def test_cli_prints_what_to_do_next(
@@ -151,11 +303,15 @@ def test_cli_prints_what_to_do_next(
 def test_references_closes_only_what_the_message_fixes() -> None:
     msg = commitmsg.parse(
         "Title\n\nThis fixes #70526 for good.\n\n"
-        "Origin: upstream, https://github.com/apache/airflow/pull/70545\n"
+        "Origin: other, https://github.com/apache/airflow/pull/70545\n"
         "Bug: https://github.com/apache/airflow/issues/70526\n"
         "Bug: https://github.com/apache/airflow/issues/74575\n"
-        "Forwarded: no\nApplied-Upstream: no\nLast-Update: 2026-11-30\n"
+        "Forwarded: no\nApplied-Upstream: no\nLast-Update: 2026-11-30\nPR-Folds: 0004, 0005\n"
     )
     assert msg.body == "This fixes #70526 for good."
     assert msg.pr_number == 70545 and msg.upstream_title() == "Title (#70545)"
+    assert msg.get("pr-folds") == "0004, 0005"
     assert prmod.references(msg) == ["closes: #70526", "related: #74575"]
+    assert commitmsg.parse(
+        "T\n\nOrigin: backport, https://github.com/apache/airflow/pull/67881\n"
+    ).backport_note() == ("(backported from apache/airflow#67881)")
