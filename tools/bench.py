@@ -11,6 +11,12 @@ the test harness, under its deadlock watchdog). The machine is shared and noisy,
 - peers and floors (``ProcessPoolExecutor``, pickling into a drained pipe) run in the
   same rounds, in the base venv.
 
+The ``loop`` figure (``tools/bench_loop.py``) drives each stage's executor the way Airflow's
+scheduler loop does (``slots_available``, ``queue_workload``, ``heartbeat()``, the event buffer,
+the idle sleep) with tasks of realistic length: tasks/s and queued-to-start p50/p95.
+``--loop-only`` runs just that figure; ``--extra NAME=PATH`` measures any ``local_executor.py``
+(a prototype) as one more column, in the same rounds.
+
 A stage that cannot do a measurement (base deadlocks on a batch bigger than the pipes
 hold; base never reports the key of a killed worker) shows ``hang``/``never``/``n/a``; the
 reason is in the JSON. ``build/bench/<line>.json`` has every sample.
@@ -53,16 +59,35 @@ PEERS = "peers"  # the pseudo-stage that runs the peer and floor measurements (b
 @dataclass
 class Stage:
     k: int
-    title: str  # "base" or the patch file name
+    title: str  # "base" or the patch file name (or the file of an extra)
     source: bytes
+    label: str | None = None  # an extra column (``--extra NAME=PATH``), not a stage of the series
 
     @property
     def column(self) -> str:
-        return str(self.k)
+        return self.label or str(self.k)
 
     @property
     def short(self) -> str:
-        return "base" if self.k == 0 else str(self.k)
+        return self.label or ("base" if self.k == 0 else str(self.k))
+
+
+EXTRA_K = -1  # the ``k`` of an extra column: it is no stage of the series
+
+
+def parse_extra(text: str) -> Stage:
+    """``NAME=PATH`` -> a column that measures the ``local_executor.py`` at PATH, named NAME."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise ToolError(f"--extra {text!r}: expected NAME=PATH, e.g. proto=/tmp/local_executor.py")
+    if not (name[0].isalpha() and all(c.isalnum() or c in "-_." for c in name)):
+        raise ToolError(f"--extra {text!r}: NAME must start with a letter (letters, digits, - _ .)")
+    if name in ("base", "ppe", "floor", PEERS):
+        raise ToolError(f"--extra {text!r}: NAME {name!r} is taken by a column of the table")
+    file = Path(path)
+    if not file.is_file():
+        raise ToolError(f"--extra {text!r}: {path} is not a file")
+    return Stage(EXTRA_K, str(file.resolve()), file.read_bytes(), label=name)
 
 
 def load_stages(line: Line, wanted: Iterable[int] | None = None) -> list[Stage]:
@@ -116,7 +141,7 @@ def stage_python(line: Line, stage: Stage, layout: Layout = DEFAULT, python: str
         raise ToolError(
             f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
         )
-    venv = layout.build / "stage-venvs" / line.name / str(stage.k)
+    venv = layout.build / "stage-venvs" / line.name / stage.column
     py = venv / "bin" / "python"
     stamp_file = venv / "lepatch-stamp.json"
     stamp = {
@@ -147,7 +172,7 @@ def stage_python(line: Line, stage: Stage, layout: Layout = DEFAULT, python: str
         stamp_file.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
     target = venvs.install_executor(py, stage.source)
     if target.read_bytes() != stage.source:
-        raise ToolError(f"{target}: installing stage {stage.k} of {line.name} did not take")
+        raise ToolError(f"{target}: installing stage {stage.short} of {line.name} did not take")
     return py
 
 
@@ -235,6 +260,17 @@ class Config:
     scale_runs: int = 1
     recovery_wait: float = 3.0
     stuck_after: float = 1.5
+    # The scheduler-loop figure: (tasks, parallelism) configurations, runs of each (spread over
+    # the rounds), the model's knobs (see tools/bench_loop.py).
+    loop: tuple[tuple[int, int], ...] = ((200, 16), (30, 8))
+    loop_runs: int = 2
+    loop_seed: int = 2026
+    idle_sleep: float = 1.0  # [scheduler] scheduler_idle_sleep_time
+    loop_cost: float = 0.02  # seconds of _do_scheduling's database work per loop iteration (modelled)
+    max_tis_per_query: int = 16  # [scheduler] max_tis_per_query
+    loop_duration: tuple[float, float] = (0.2, 3.0)
+    loop_lag: tuple[float, float] = (0.05, 0.3)
+    loop_only: bool = False
 
     @classmethod
     def quick(cls) -> Config:
@@ -247,6 +283,8 @@ class Config:
             scale_parallelism=(),
             scale_runs=1,
             recovery_wait=2.0,
+            loop=((48, 8),),
+            loop_runs=1,
         )
 
     def per_round(self, total: int, r: int) -> int:
@@ -255,7 +293,42 @@ class Config:
         return base + (1 if r < extra else 0)
 
 
+def loop_id(n: int, parallelism: int) -> str:
+    return f"loop_{n}_p{parallelism}"
+
+
+def loop_rows(cfg: Config) -> list[Row]:
+    out: list[Row] = []
+    for n, q in cfg.loop:
+        m = loop_id(n, q)
+        out += [
+            Row(f"{m}_tps", f"scheduler loop {n} tasks p{q}", "tasks/s", "higher"),
+            Row(f"{m}_p50", "  queued -> started p50", "ms"),
+            Row(f"{m}_p95", "  queued -> started p95", "ms"),
+            Row(f"{m}_refill", "  slot freed -> refilled p50", "ms"),
+        ]
+    return out
+
+
+def parse_loop(text: str) -> tuple[tuple[int, int], ...]:
+    """``"200@16,30@8"`` -> ((200, 16), (30, 8)): tasks @ parallelism."""
+    out: list[tuple[int, int]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        n, sep, q = part.partition("@")
+        try:
+            if not sep or int(n) < 1 or int(q) < 1:
+                raise ValueError
+            out.append((int(n), int(q)))
+        except ValueError:
+            raise ToolError(f"--loop {text!r}: expected TASKS@PARALLELISM[,...], e.g. 200@16,30@8") from None
+    if not out:
+        raise ToolError(f"--loop {text!r}: no configuration given")
+    return tuple(out)
+
+
 def rows(cfg: Config) -> list[Row]:
+    if cfg.loop_only:
+        return loop_rows(cfg)
     p, s, big = cfg.parallelism, cfg.small, cfg.large
     out = [
         Row(f"dispatch_{s}", f"_process_workloads({s}) p{p}", "ms"),
@@ -277,7 +350,36 @@ def rows(cfg: Config) -> list[Row]:
             Row(f"dispatch_{big}_p{q}", f"_process_workloads({big}) p{q}", "ms"),
             Row(f"results_{big}_p{q}", f"all {big} results read p{q}", "ms"),
         ]
-    return out
+    return out + loop_rows(cfg)
+
+
+def loop_specs(cfg: Config, r: int) -> list[dict[str, Any]]:
+    """The scheduler-loop specs of round ``r``: every configuration, its runs spread over the rounds."""
+    specs: list[dict[str, Any]] = []
+    mean = (sum(cfg.loop_duration) + sum(cfg.loop_lag)) / 2
+    for i, (n, q) in enumerate(cfg.loop):
+        runs = cfg.per_round(cfg.loop_runs, (r - i) % cfg.rounds)
+        if runs <= 0:
+            continue
+        ideal = n * mean / q  # every worker busy all the time
+        specs.append(
+            {
+                "id": f"{loop_id(n, q)}@{r}",
+                "runs": runs,
+                "kind": "loop",
+                "n": n,
+                "parallelism": q,
+                # A stage that is 3x slower than ideal still finishes; one that loses tasks does not.
+                "wait": round(max(60.0, 3 * ideal + 10 * cfg.idle_sleep), 1),
+                "seed": cfg.loop_seed + 1000 * i + r,
+                "idle_sleep": cfg.idle_sleep,
+                "loop_cost": cfg.loop_cost,
+                "max_tis_per_query": cfg.max_tis_per_query,
+                "duration": list(cfg.loop_duration),
+                "lag": list(cfg.loop_lag),
+            }
+        )
+    return specs
 
 
 def plan_round(cfg: Config, r: int) -> dict[str, list[dict[str, Any]]]:
@@ -286,6 +388,8 @@ def plan_round(cfg: Config, r: int) -> dict[str, list[dict[str, Any]]]:
     A spec's ``id`` is ``<measurement>@<round>``; its results fill the rows named in
     ``ROW_FIELDS`` for that measurement. Scaling runs are spread over the rounds.
     """
+    if cfg.loop_only:
+        return {"stage": loop_specs(cfg, r), "peers": []}
     p, s, big = cfg.parallelism, cfg.small, cfg.large
     wait_big = max(20.0, big / 200)
     stage: list[dict[str, Any]] = []
@@ -342,7 +446,7 @@ def plan_round(cfg: Config, r: int) -> dict[str, list[dict[str, Any]]]:
     )
     add(peers, f"floor_{s}", n_small, kind="floor", n=s)
     add(peers, f"floor_{big}", n_big, kind="floor", n=big)
-    return {"stage": stage, "peers": peers}
+    return {"stage": stage + loop_specs(cfg, r), "peers": peers}
 
 
 def row_fields(measurement: str) -> list[tuple[str, str, str]]:
@@ -350,6 +454,13 @@ def row_fields(measurement: str) -> list[tuple[str, str, str]]:
 
     Column kind is ``stage`` (the stage's own column), ``ppe`` or ``floor``.
     """
+    if measurement.startswith("loop_"):
+        return [
+            (f"{measurement}_tps", "stage", "tasks_per_s"),
+            (f"{measurement}_p50", "stage", "start_p50_ms"),
+            (f"{measurement}_p95", "stage", "start_p95_ms"),
+            (f"{measurement}_refill", "stage", "refill_p50_ms"),
+        ]
     if measurement.startswith("dispatch_"):
         suffix = measurement[len("dispatch_") :]
         return [(measurement, "stage", "dispatch_ms"), (f"results_{suffix}", "stage", "results_ms")]
@@ -573,6 +684,23 @@ def targets(results: Results, cfg: Config, last: str) -> list[str]:
     return lines
 
 
+def loop_targets(results: Results, cfg: Config, column: str) -> list[str]:
+    """Issue 15's targets on the scheduler loop, for one column: throughput >= 0.97x base and
+    queued-to-start p95 <= base's, per configuration. Ratios of one interleaved run."""
+    lines: list[str] = []
+    for n, q in cfg.loop:
+        m = loop_id(n, q)
+        tps = ratio(results.value(f"{m}_tps", column), results.value(f"{m}_tps", BASE))
+        p95 = ratio(results.value(f"{m}_p95", column), results.value(f"{m}_p95", BASE))
+        for name, r, ok in (
+            (f"{n} tasks p{q}: tasks/s >= 0.97x base", tps, None if tps is None else tps >= 0.97),
+            (f"{n} tasks p{q}: queued->started p95 <= base", p95, None if p95 is None else p95 <= 1.0),
+        ):
+            word = "n/a " if ok is None else ("ok  " if ok else "MISS")
+            lines.append(f"  {word} {name}: ratio " + ("-" if r is None else f"{r:.2f}"))
+    return lines
+
+
 # --------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------
@@ -636,7 +764,14 @@ class Bench:
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self.cfg).items()},
             "seconds": round(seconds, 1),
             "stages": [
-                {"k": s.k, "patch": s.title, "sha256": fetch.sha256_bytes(s.source)} for s in self.stages
+                {
+                    "k": s.k,
+                    "column": s.column,
+                    "patch": s.title,
+                    "sha256": fetch.sha256_bytes(s.source),
+                    **({"extra": True} if s.label else {}),
+                }
+                for s in self.stages
             ],
             "rows": [
                 {
@@ -662,41 +797,82 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def run_bench(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
-    line = pins.get_line(args.line) if args.line else pins.PRIMARY
+def config_from_args(args: argparse.Namespace) -> Config:
     cfg = Config.quick() if args.quick else Config()
     if args.runs is not None:
         cfg.runs = args.runs
     if args.rounds is not None:
         cfg.rounds = args.rounds
-    cfg.rounds = max(1, min(cfg.rounds, cfg.runs))
+    cfg.loop_only = bool(getattr(args, "loop_only", False))
+    if getattr(args, "loop", None):
+        cfg.loop = parse_loop(args.loop)
+    if getattr(args, "loop_runs", None) is not None:
+        cfg.loop_runs = args.loop_runs
+    if getattr(args, "idle_sleep", None) is not None:
+        cfg.idle_sleep = args.idle_sleep
+    if getattr(args, "loop_cost", None) is not None:
+        cfg.loop_cost = args.loop_cost
+    if getattr(args, "no_loop", False):
+        if cfg.loop_only:
+            raise ToolError("--no-loop and --loop-only exclude each other")
+        cfg.loop = ()
+    # Every round must have something to run: at most as many rounds as the samples they share.
+    cfg.rounds = max(1, min(cfg.rounds, cfg.loop_runs if cfg.loop_only else cfg.runs))
+    return cfg
+
+
+def run_bench(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
+    line = pins.get_line(args.line) if args.line else pins.PRIMARY
+    cfg = config_from_args(args)
     stages = load_stages(line, parse_stages(args.stages))
-    bench = Bench(line, stages, cfg, layout, peers=not args.no_peers)
+    extras = [parse_extra(text) for text in args.extra or []]
+    names = [e.column for e in extras]
+    if len(set(names)) != len(names):
+        raise ToolError("--extra: two columns with the same NAME")
+    stages += extras
+    bench = Bench(line, stages, cfg, layout, peers=not (args.no_peers or cfg.loop_only))
     started = time.monotonic()
     bench.run()
     seconds = time.monotonic() - started
     table_rows = [r for r in rows(cfg) if any(rid == r.id for rid, _ in bench.results.cells)]
     columns = bench.columns()
-    print(
-        f"\nbench {line.name} ({line.version}), fork, no-op tasks; {cfg.runs} samples per dispatch figure "
-        f"over {cfg.rounds} interleaved rounds; {seconds:.0f}s"
-    )
-    print("median (ratio to base in this run; < 1 is faster, except throughput)\n")
+    if cfg.loop_only:
+        print(
+            f"\nbench {line.name} ({line.version}), fork, scheduler loop only; {cfg.loop_runs} run(s) per "
+            f"configuration over {cfg.rounds} interleaved round(s); {seconds:.0f}s"
+        )
+    else:
+        print(
+            f"\nbench {line.name} ({line.version}), fork, no-op tasks; {cfg.runs} samples per dispatch "
+            f"figure over {cfg.rounds} interleaved rounds; {seconds:.0f}s"
+        )
+    if cfg.loop:
+        lo, hi = cfg.loop_duration
+        print(
+            f"scheduler loop: tasks {lo:g}-{hi:g} s + {cfg.loop_lag[0]:g}-{cfg.loop_lag[1]:g} s supervisor "
+            f"lag (seeded), idle sleep {cfg.idle_sleep:g} s, {cfg.loop_cost * 1000:g} ms of scheduling "
+            f"per loop, max_tis_per_query {cfg.max_tis_per_query}"
+        )
+    print("median (ratio to base in this run; < 1 is faster, except throughput and tasks/s)\n")
     print(render(bench.results, table_rows, columns))
     spread = render_spread(bench.results, table_rows, columns)
     if spread:
         print("\nspread: half the interquartile range, as % of the median; n samples\n")
         print(spread)
-    print("\nstages: " + "; ".join(f"{s.short} = {s.title}" for s in stages))
+    print("\ncolumns: " + "; ".join(f"{s.short} = {s.title}" for s in stages))
     print("! = some runs of this cell produced no figure; why, per cell:")
     for (row, col), cell in sorted(bench.results.cells.items()):
         for outcome, count in sorted(Counter(cell.outcomes).items()):
             name = "base" if col == BASE else col
             print(f"  {row} [{name}] x{count}: {outcome}")
-    last = stages[-1]
-    if last.k:
+    last = [s for s in stages if not s.label][-1]
+    if last.k and not cfg.loop_only:
         print(f"\ntargets on stage {last.k} (ratio <= 1.10 counts as no slower, within noise):")
         print("\n".join(targets(bench.results, cfg, last.column)))
+    if cfg.loop:
+        for stage in [last, *extras] if last.k else extras:
+            print(f"\nissue 15 targets on the scheduler loop, {stage.short}:")
+            print("\n".join(loop_targets(bench.results, cfg, stage.column)))
     out = args.json or layout.build / "bench" / f"{line.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = sys.argv[2:] if sys.argv[1:2] == ["bench"] else []
@@ -713,5 +889,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--rounds", type=int, help="interleaved round-robin passes (default 2)")
     p.add_argument("--quick", action="store_true", help="a small smoke configuration (about a minute)")
     p.add_argument("--no-peers", action="store_true", help="skip ProcessPoolExecutor and the pipe floor")
+    p.add_argument(
+        "--loop-only", action="store_true", help="only the scheduler-loop figure (tasks/s, queued->started)"
+    )
+    p.add_argument("--no-loop", action="store_true", help="skip the scheduler-loop figure")
+    p.add_argument("--loop", help="scheduler-loop configurations TASKS@PARALLELISM,... (default 200@16,30@8)")
+    p.add_argument("--loop-runs", type=int, help="runs of each loop configuration (default 2; --quick 1)")
+    p.add_argument("--idle-sleep", type=float, help="scheduler_idle_sleep_time of the loop model (default 1)")
+    p.add_argument("--loop-cost", type=float, help="seconds of scheduling work per loop (default 0.02)")
+    p.add_argument(
+        "--extra",
+        action="append",
+        metavar="NAME=PATH",
+        help="measure this local_executor.py as one more column NAME (repeatable)",
+    )
     p.add_argument("--json", type=Path, help="where to write the JSON (default build/bench/<line>.json)")
     p.set_defaults(func=run_bench)

@@ -25,13 +25,21 @@ Measurement kinds (all no-op tasks, fork, realistic ~1.7 KB ``ExecuteTask`` work
                ms until n results are back (``runs`` times), or tasks/s with
                ``parallelism`` in flight (``throughput`` in the spec).
 ``floor``      pickling n workloads and writing them to a pipe a reader process drains.
+``loop``       n tasks of seeded random length (0.2-3 s, then 0.05-0.3 s of supervisor shutdown
+               before the worker reports) run through a model of Airflow's scheduler loop
+               (``tools/bench_loop.py``: read ``slots_available``, queue that many,
+               ``heartbeat()``, process the event buffer, sleep ``idle_sleep`` when idle):
+               tasks/s, and queued-to-start p50/p95 where start is the time the task itself
+               recorded in the worker.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -47,6 +55,23 @@ if str(HARNESS_DIR) not in sys.path:
     sys.path.insert(0, str(HARNESS_DIR))
 
 import harness  # noqa: E402
+
+
+def _load_bench_loop() -> Any:
+    """``tools/bench_loop.py`` by path: the stage venv has no ``tools`` package, and putting tools/ on
+    sys.path would let its module names (``errors``, ``lock``, ...) shadow installed ones."""
+    name = "lepatch_bench_loop"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "bench_loop.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is being made
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_loop = _load_bench_loop()
 
 POLL = 0.001  # the scheduler-like loop: sync() then sleep 1 ms
 SETTLE = 0.05  # let freshly forked workers reach their first read before timing
@@ -340,12 +365,119 @@ def measure_floor(rec: dict[str, Any], watch: Watch, n: int, runs: int) -> None:
         watch.disarm()
 
 
+def _loop_task(workload: Any) -> None:
+    """The task of the ``loop`` figure, run in the worker in place of the real task runner."""
+    spec = (workload.ti.executor_config or {})["fake"]["loop"]
+    # The start as the task sees it; CLOCK_MONOTONIC is one clock for every process of the machine.
+    record = Path(spec["dir"], workload.ti.task_id)
+    record.write_text(f"{time.monotonic()!r}\n")
+    time.sleep(spec["duration"])  # the task
+    time.sleep(spec["lag"])  # the supervisor's shutdown, before the worker reports the result
+    with record.open("a") as f:
+        f.write(f"{time.monotonic()!r}\n")  # the result is written right after this
+
+
+def _install_loop_runner() -> None:
+    """Replace the runner the harness installed, before the executor forks its workers (as harness does)."""
+    from airflow.executors import local_executor
+
+    if harness.airflow_line() == "3.3":
+        from airflow.executors.base_executor import BaseExecutor
+
+        def run_workload(workload: Any, **_: Any) -> int:
+            _loop_task(workload)
+            return 0
+
+        BaseExecutor.run_workload = staticmethod(run_workload)
+    else:
+
+        def execute_work(log: Any, workload: Any, *_: Any) -> None:
+            _loop_task(workload)
+
+        local_executor._execute_work = execute_work
+
+
+def measure_loop(
+    rec: dict[str, Any],
+    watch: Watch,
+    n: int,
+    parallelism: int,
+    runs: int,
+    wait: float,
+    seed: int,
+    idle_sleep: float,
+    loop_cost: float,
+    max_tis_per_query: int,
+    duration: list[float],
+    lag: list[float],
+) -> None:
+    terminal = _terminal()
+    rec["wait_s"] = wait
+    tps: list[float] = rec.setdefault("tasks_per_s", [])
+    p50: list[float] = rec.setdefault("start_p50_ms", [])
+    p95: list[float] = rec.setdefault("start_p95_ms", [])
+    refill: list[float] = rec.setdefault("refill_p50_ms", [])
+    loops: list[dict[str, Any]] = rec.setdefault("loops", [])
+    _install_loop_runner()
+    for run in range(runs):
+        tasks = bench_loop.plan_tasks(n, seed + run, (duration[0], duration[1]), (lag[0], lag[1]))
+        started_dir = tempfile.mkdtemp(prefix="lepatch-bench-loop-")
+        workloads = [
+            (
+                t.task_id,
+                harness.make_workload(
+                    t.task_id, fake={"loop": {"dir": started_dir, "duration": t.duration, "lag": t.lag}}
+                ),
+            )
+            for t in tasks
+        ]
+        executor = harness.new_executor(parallelism)
+        time.sleep(SETTLE)
+        loop = bench_loop.SchedulerLoop(
+            executor,
+            workloads,
+            parallelism=parallelism,
+            key_of=harness.key_of,
+            is_terminal=lambda state: state in terminal,
+            idle_sleep=idle_sleep,
+            max_tis_per_query=max_tis_per_query,
+            loop_cost=loop_cost,
+        )
+        watch.arm(wait + 10, f"scheduler loop ({n} tasks, p{parallelism})")
+        record = loop.run(timeout=wait)
+        watch.disarm()
+        if record.timed_out:
+            raise Abandon(
+                f"hang: {record.unfinished + len(loop.waiting)} of {n} tasks unfinished after {wait:g}s"
+            )
+        times = {name: Path(started_dir, name).read_text().split() for name in os.listdir(started_dir)}
+        shutil.rmtree(started_dir, ignore_errors=True)
+        started = {name: float(t[0]) for name, t in times.items()}
+        ended = [float(t[1]) for t in times.values() if len(t) > 1]
+        summary = bench_loop.summarize(record, started)
+        refill.append(bench_loop.refill_p50_ms(record, ended, parallelism))
+        tps.append(summary.tasks_per_s)
+        p50.append(summary.start_p50_ms)
+        p95.append(summary.start_p95_ms)
+        loops.append(
+            {
+                "loops": record.loops,
+                "idle": record.idle_loops,
+                "full": record.full_loops,
+                "max_in_flight": record.max_in_flight,
+                "makespan_s": round(summary.makespan_s, 3),
+            }
+        )
+        _end(executor, watch)
+
+
 MEASURES: dict[str, Callable[..., None]] = {
     "dispatch": measure_dispatch,
     "throughput": measure_throughput,
     "recovery": measure_recovery,
     "ppe": measure_ppe,
     "floor": measure_floor,
+    "loop": measure_loop,
 }
 
 
