@@ -267,6 +267,55 @@ def load_series(layout: Layout = DEFAULT) -> Series:
     return Series(layout, names, patches, resolutions, problems)
 
 
+ORIGIN_RE = r"^(upstream|backport|other), https?://\S+( \(.+\))?$"
+
+
+def applied_line(value: str) -> tuple[int, int] | None:
+    """The release line an ``Applied-Upstream:`` value names ("3.4.0b2" -> (3, 4)), None for "no"."""
+    m = re.match(r"^(\d+)\.(\d+)(\.\d+)?([abrc]+\d+)?$", value.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _line_key(name: str) -> tuple[int, int]:
+    major, minor = name.split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_applied_upstream(series: Series, statuses: dict[str, list[str]]) -> list[str]:
+    """``Applied-Upstream:`` against the engine: a line at or after the named release must show the
+    patch ``upstream`` (its base carries it), and no other line may. ``statuses``: line -> per patch."""
+    errors = []
+    for i, name in enumerate(series.names):
+        p = series.patches.get(name)
+        if p is None:
+            continue
+        named = applied_line(p.field("Applied-Upstream") or "no")
+        for line, per_patch in sorted(statuses.items()):
+            if i >= len(per_patch):
+                continue
+            carries = per_patch[i] == "upstream"
+            claims = named is not None and _line_key(line) >= named
+            if carries and not claims:
+                errors.append(
+                    f"patches/{name}: the {line} line's base already carries it (engine: upstream), "
+                    f"but Applied-Upstream says {p.field('Applied-Upstream')!r}"
+                )
+            elif claims and not carries:
+                errors.append(
+                    f"patches/{name}: Applied-Upstream {p.field('Applied-Upstream')!r} covers the {line} "
+                    f"line, but the engine does not find it in that line's base (status {per_patch[i]})"
+                )
+    for i, name in enumerate(series.names):
+        p = series.patches.get(name)
+        for field_name in ("PR-Folds", "PR-Stack-On"):
+            value = p.field(field_name) if p else None
+            for number in re.findall(r"\d{4}", value or ""):
+                earlier = [n for n in series.names[:i] if n.startswith(number + "-")]
+                if not earlier:
+                    errors.append(f"patches/{name}: {field_name} names {number}, not an earlier patch")
+    return errors
+
+
 def _check_fields(p: Patch) -> list[str]:
     errors = []
     where = f"patches/{p.name}"
@@ -278,11 +327,27 @@ def _check_fields(p: Patch) -> list[str]:
         if not p.field(name):
             errors.append(f"{where}: missing required header {name} (DEP-3 block, last paragraph)")
     origin = p.field("Origin")
-    if origin and origin != "vendor" and not re.match(r"^upstream, https?://\S+( \(.+\))?$", origin):
-        errors.append(f"{where}: Origin must be 'upstream, <PR url>' or 'vendor', not {origin!r}")
+    kind = origin.split(",", 1)[0].strip() if origin else ""
+    if origin and origin != "vendor" and not re.match(ORIGIN_RE, origin):
+        errors.append(
+            f"{where}: Origin must be 'vendor' or 'upstream|backport|other, <url>', not {origin!r}"
+        )
     forwarded = p.field("Forwarded")
     if forwarded and forwarded not in ("no", "not-needed") and not _URL_RE.match(forwarded):
         errors.append(f"{where}: Forwarded must be a URL, 'no' or 'not-needed', not {forwarded!r}")
+    if kind == "vendor" and forwarded == "not-needed":
+        errors.append(f"{where}: a vendor patch is ours: Forwarded must be its upstream PR URL or 'no'")
+    applied = p.field("Applied-Upstream")
+    # DEP-3: upstream and backport mean the code is upstream's as merged, so a release carries it.
+    if kind in ("upstream", "backport") and applied and applied_line(applied) is None:
+        errors.append(
+            f"{where}: Origin {kind} means upstream merged it: Applied-Upstream must name the release "
+            f"that carries it, not {applied!r}"
+        )
+    for field_name in ("PR-Folds", "PR-Stack-On"):
+        value = p.field(field_name)
+        if value and not re.fullmatch(r"\d{4}(, *\d{4})*", value):
+            errors.append(f"{where}: {field_name} must list patch numbers like '0004, 0005', not {value!r}")
     last_update = p.field("Last-Update")
     if last_update:
         try:
@@ -374,8 +439,25 @@ def lint_series(layout: Layout = DEFAULT) -> list[str]:
     return errors
 
 
+def lint_against_engine(layout: Layout = DEFAULT) -> list[str]:
+    """The checks that need the series applied to every line (the engine downloads the bases)."""
+    from tools import apply as engine_mod  # why: apply imports this module
+
+    engine = engine_mod.Engine(layout)
+    results = engine.apply_all()
+    statuses = {name: [p.status for p in res.patches] for name, res in results.items()}
+    errors = check_applied_upstream(engine.series, statuses)
+    try:
+        from tools import model
+    except ImportError:
+        return errors
+    return errors + model.overlay_hash_problems()
+
+
 def _cmd_lint(args: argparse.Namespace) -> int:
     errors = lint_series()
+    if not errors:
+        errors = lint_against_engine()
     for e in errors:
         print(e)
     n = len(read_series_names(DEFAULT.series_file))

@@ -5,6 +5,11 @@ For each line and each stage k (base + first k patches), the stage's
 fixed_by`` runs with a small plugin recording each test's outcome and the patch its
 ``fixed_by`` marker names. A test fixed by the series' i-th patch (1-based) is expected
 to fail on stages 0..i-1 and pass on stages i..N; any other cell is unexpected (``!``).
+
+On a line whose base already carries a patch (the engine's ``upstream`` status: 3.4 ships
+patches 1-3), the tests it fixes are expected to pass on every stage, shown ``up``. Stages
+whose ``local_executor.py`` is byte-identical to one already run (3.4's stages 0-3) are not
+run again: their cells are that stage's outcomes.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ FLAKY = "flaky"
 class Cell:
     outcome: str
     expected: str
+    upstream: bool = False  # the line's base already carries the fixing patch
 
     @property
     def unexpected(self) -> bool:
@@ -47,6 +53,8 @@ class Cell:
 
     def label(self) -> str:
         labels = {PASS: "pass", FLAKY: "pass*", FAIL: "FAIL", ERROR: "ERR", SKIP: "skip", MISSING: "-"}
+        if self.upstream:
+            labels.update({PASS: "up", FLAKY: "up*"})
         text = labels.get(self.outcome, "?")
         return text + ("!" if self.unexpected else "")
 
@@ -79,8 +87,12 @@ def evaluate(
     fixed_by: Mapping[str, str | None],
     series: Sequence[str],
     introduced_by: Mapping[str, str] | None = None,
+    upstream: frozenset[str] = frozenset(),
 ) -> Evaluation:
-    """Compare per-stage outcomes (stage -> nodeid -> outcome) with the expectations."""
+    """Compare per-stage outcomes (stage -> nodeid -> outcome) with the expectations.
+
+    ``upstream``: patches the line's base already carries; the tests they fix pass everywhere.
+    """
     stages = sorted(outcomes)
     ev = Evaluation(stages, fixed_by=dict(fixed_by))
     introduced_by = introduced_by or {}
@@ -98,6 +110,9 @@ def evaluate(
                 continue
             introduced = list(series).index(cause) + 1
         ev.introduced_by[nodeid] = introduced
+        if patch in upstream:
+            ev.rows[nodeid] = {k: Cell(outcomes[k].get(nodeid, MISSING), PASS, True) for k in stages}
+            continue
         ev.rows[nodeid] = {
             k: Cell(outcomes[k].get(nodeid, MISSING), expected_outcome(k, index, introduced)) for k in stages
         }
@@ -115,8 +130,12 @@ def render(title: str, ev: Evaluation, series: Sequence[str]) -> str:
         short = patch.split("-", 1)[0]
         if ev.introduced_by.get(nodeid):
             short = f"{ev.introduced_by[nodeid]:04d}>{short}"
+        if any(c.upstream for c in row.values()):
+            short += " up"
         cells = [row[k].label().ljust(width) for k in ev.stages]
         lines.append("  ".join([names[nodeid].ljust(first), short.ljust(8), *cells]))
+    if any(c.upstream for row in ev.rows.values() for c in row.values()):
+        lines.append("up = the line's base already carries the fixing patch: expected to pass on every stage")
     if any(c.outcome == FLAKY for row in ev.rows.values() for c in row.values()):
         lines.append("pass* = failed, then passed when run again at once (see the stage-K-rerun logs)")
     return "\n".join(ln.rstrip() for ln in lines)
@@ -128,10 +147,13 @@ def _should_pass(
     fixed: Mapping[str, str | None],
     introduced: Mapping[str, str],
     series: Sequence[str],
+    upstream: frozenset[str] = frozenset(),
 ) -> bool:
     patch = fixed.get(nodeid)
     if patch is None or patch not in series:
         return False
+    if patch in upstream:
+        return True
     cause = introduced.get(nodeid)
     start = list(series).index(cause) + 1 if cause is not None and cause in series else 0
     return expected_outcome(stage, list(series).index(patch) + 1, start) == PASS
@@ -201,8 +223,17 @@ def _verify_line(
     fixed_by: dict[str, str | None] = {}
     introduced_by: dict[str, str] = {}
     errors: list[str] = []
+    upstream = frozenset(p.name for p in res.patches if p.status == engine_mod.UPSTREAM)
+    # Stage -> the stage already run with byte-identical code (3.4's stages 0-3 are its base).
+    ran: dict[bytes, int] = {}
     try:
         for k in stages:
+            same = ran.get(res.code(k))
+            if same is not None:
+                outcomes[k] = dict(outcomes[same])
+                print(f"{name} stage {k}: the code of stage {same}, not run again", file=out, flush=True)
+                continue
+            ran[res.code(k)] = k
             started = time.monotonic()
             got, fixed, introduced, error = run_stage(
                 python, res.code(k), layout.build / "verify" / name, f"stage-{k}", select, layout.root
@@ -214,7 +245,7 @@ def _verify_line(
             again = [
                 n
                 for n, o in got.items()
-                if o in (FAIL, ERROR) and _should_pass(n, k, fixed, introduced, series)
+                if o in (FAIL, ERROR) and _should_pass(n, k, fixed, introduced, series, upstream)
             ]
             if again and not error:
                 rerun, *_ = run_stage(
@@ -234,7 +265,7 @@ def _verify_line(
     finally:
         # why: the venv is shared with the tests session; leave it on the final overlay.
         venvs.install_executor(python, res.code())
-    ev = evaluate(outcomes, fixed_by, series, introduced_by)
+    ev = evaluate(outcomes, fixed_by, series, introduced_by, upstream)
     ev.errors.extend(errors)
     return ev, stages
 
@@ -273,7 +304,7 @@ def run_verify(
     report: dict[str, Any] = {"series": series, "lines": {}}
     ok = True
     for name, (ev, stages) in evaluations.items():
-        print(render(f"{name} ({results[name].line.version})", ev, series), file=out)
+        print(render(results[name].line.label, ev, series), file=out)
         for e in ev.errors:
             print(f"error: {e}", file=out)
         ok &= ev.ok

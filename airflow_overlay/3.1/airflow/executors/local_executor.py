@@ -78,6 +78,52 @@ if TYPE_CHECKING:
     LocalResult = tuple[WorkloadKey, WorkloadState | None, Exception | None]
 
 
+# A result frame: its length, then the pickled (key, state, exc).
+_FRAME_HEADER = struct.Struct("!Q")
+
+
+def _send_result(output: Connection, result: LocalResult) -> None:
+    """Write one result frame (blocking: only the executor reads this pipe, and it always does)."""
+    data = ForkingPickler.dumps(result)
+    frame = memoryview(_FRAME_HEADER.pack(len(data)) + data)
+    while frame:
+        frame = frame[os.write(output.fileno(), frame) :]
+
+
+class _ResultReader:
+    """
+    The executor's end of one worker's results pipe.
+
+    Reads never block and a frame is delivered only once complete: a worker killed in the middle of
+    writing one leaves its partial frame here, where it cannot hold up or corrupt anything else.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.buffer = bytearray()
+        self.eof = False
+        os.set_blocking(conn.fileno(), False)
+
+    def read(self) -> Iterator[LocalResult]:
+        """Yield each complete result waiting, oldest first."""
+        while not self.eof:
+            try:
+                chunk = os.read(self.conn.fileno(), 1 << 16)
+            except BlockingIOError:
+                break
+            self.eof = not chunk
+            self.buffer += chunk
+        while len(self.buffer) >= _FRAME_HEADER.size:
+            (size,) = _FRAME_HEADER.unpack_from(self.buffer)
+            end = _FRAME_HEADER.size + size
+            if len(self.buffer) < end:
+                break
+            # Consume the frame before unpickling it: one that fails to unpickle is lost alone.
+            data = bytes(self.buffer[_FRAME_HEADER.size : end])
+            del self.buffer[:end]
+            yield ForkingPickler.loads(data)
+
+
 def _run_worker(
     logger_name: str,
     input: Connection,
@@ -166,7 +212,9 @@ def _execute_work(log: logging.Logger, workload: workloads.ExecuteTask) -> None:
 
 def _workload_key(workload: workloads.All) -> WorkloadKey:
     # 3.1 runs tasks only, known by their ti's key.
-    return workload.ti.key
+    if (ti := getattr(workload, "ti", None)) is None:
+        raise TypeError(f"Don't know how to get ti key from {type(workload).__name__}")
+    return ti.key
 
 
 def _failed_state(key: WorkloadKey) -> WorkloadState:

@@ -251,7 +251,9 @@ def _workload_key(workload: workloads.All) -> WorkloadKey:
     # 3.2's workloads carry no key of their own: a task is known by its ti's key, a callback by its id.
     if isinstance(workload, workloads.ExecuteCallback):
         return workload.callback.id
-    return workload.ti.key
+    if (ti := getattr(workload, "ti", None)) is None:
+        raise TypeError(f"Don't know how to get ti key from {type(workload).__name__}")
+    return ti.key
 
 
 def _failed_state(key: WorkloadKey) -> WorkloadState:
@@ -478,7 +480,8 @@ class LocalExecutor(BaseExecutor):
             return
         if state is None or state == "running":
             if state is not None and key in self.running:
-                self.change_state(key, state, remove_running=False)
+                # 3.2's change_state is annotated for task keys only; it takes callback keys too.
+                self.change_state(key, state, remove_running=False)  # type: ignore[arg-type]
         elif self._worker_tasks.get(pid) == key:
             # Its worker is idle again whatever became of the key: a worker is sent one workload at a
             # time, and one never marked idle would never be sent another.
@@ -577,7 +580,7 @@ class LocalExecutor(BaseExecutor):
         remaining = self._dispatch_counts.pop(key, 1) - 1
         if remaining > 0:
             self._dispatch_counts[key] = remaining
-        super().change_state(key, state, info=info, remove_running=remaining <= 0)
+        super().change_state(key, state, info=info, remove_running=remaining <= 0)  # type: ignore[arg-type]
 
     def _forget_workload(self, key: WorkloadKey) -> None:
         # A worker holding the key stays busy until it reports its end or dies: it is still running the
