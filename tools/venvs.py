@@ -94,17 +94,37 @@ def _python_identity(python: str) -> str:
     return out.stdout.strip()
 
 
+def interpreter_for(wheel: Path, python: str | None = None) -> str:
+    """``python`` (default: this one) if the wheel's Requires-Python admits it, else a newer
+    ``python3.X`` from PATH (3.4's Airflow needs 3.11); a clear error when there is none."""
+    from tools.lock import oldest_python
+
+    want = tuple(int(x) for x in oldest_python(wheel).split("."))
+    python = python or sys.executable
+    have = _python_identity(python).split()[0]
+    if tuple(int(x) for x in have.split(".")[:2]) >= want:
+        return python
+    for minor in range(want[1], 16):
+        found = shutil.which(f"python{want[0]}.{minor}")
+        if found:
+            return found
+    raise ToolError(
+        f"{wheel.name} needs Python >= {want[0]}.{want[1]}, and {python} is {have} with no newer "
+        f"python{want[0]}.X on PATH; run with a newer Python"
+    )
+
+
 def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None) -> Path:
     """Python of ``build/venvs/<line>`` with the pinned wheel and the test packages; made once."""
     if not isinstance(line, Line):
         line = pins.get_line(line)
-    python = python or sys.executable
     constraints = layout.constraints / f"{line.name}.txt"
     if not constraints.exists():
         raise ToolError(
             f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
         )
     wheel = fetch.ensure_wheel(line, layout)
+    python = interpreter_for(wheel, python)
     stamp = {
         "python": _python_identity(python),
         "wheel_sha256": line.wheel_sha256,
