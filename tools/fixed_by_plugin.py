@@ -1,13 +1,17 @@
 """pytest plugin loaded by verify (``-p tools.fixed_by_plugin``): records, per test, the
 patch its ``fixed_by`` marker names (and its ``introduced_by``, if any) and its outcome,
 into the JSON file named by ``$LEPATCH_VERIFY_RECORD``. Outcomes: ``pass``, ``fail`` (the
-test itself failed, a timeout included), ``error`` (setup or teardown failed), ``skip``.
+test itself failed, a timeout included), ``error`` (setup or teardown failed), ``skip``, and
+``n/a``: the test failed only because the stage lacks an attribute it drives (an
+``AttributeError`` for a name a later patch adds): the test cannot run there, which is not a
+reproduction of the bug.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,6 +21,8 @@ if TYPE_CHECKING:
 # works in an environment without pytest.
 RECORD_ENV = "LEPATCH_VERIFY_RECORD"
 _records: dict[str, dict[str, Any]] = {}
+# "AttributeError: 'LocalExecutor' object has no attribute '_handle_result'": an internal of a later stage.
+_CANNOT_RUN = re.compile(r"^AttributeError: .*object has no attribute '\w+'")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -36,6 +42,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     rec = _records.setdefault(report.nodeid, {})
     if report.failed:
         rec["outcome"] = "fail" if report.when == "call" else rec.get("outcome", "error")
+        crash = getattr(report.longrepr, "reprcrash", None)
+        if report.when == "call" and crash is not None and _CANNOT_RUN.match(str(crash.message)):
+            rec["outcome"] = "n/a"
+            rec["why"] = str(crash.message)
         if report.when != "call" and rec["outcome"] != "fail":
             rec["outcome"] = "error"
     elif report.skipped:

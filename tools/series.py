@@ -329,9 +329,7 @@ def _check_fields(p: Patch) -> list[str]:
     origin = p.field("Origin")
     kind = origin.split(",", 1)[0].strip() if origin else ""
     if origin and origin != "vendor" and not re.match(ORIGIN_RE, origin):
-        errors.append(
-            f"{where}: Origin must be 'vendor' or 'upstream|backport|other, <url>', not {origin!r}"
-        )
+        errors.append(f"{where}: Origin must be 'vendor' or 'upstream|backport|other, <url>', not {origin!r}")
     forwarded = p.field("Forwarded")
     if forwarded and forwarded not in ("no", "not-needed") and not _URL_RE.match(forwarded):
         errors.append(f"{where}: Forwarded must be a URL, 'no' or 'not-needed', not {forwarded!r}")

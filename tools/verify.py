@@ -35,6 +35,8 @@ from tools.layout import Layout
 from tools.series import fixed_by_markers
 
 PASS, FAIL, ERROR, SKIP, MISSING = "pass", "fail", "error", "skip", "missing"
+# Failed only because the stage lacks an attribute the test drives: not a reproduction.
+CANNOT_RUN = "n/a"
 # Failed where it should pass, then passed when run again at once: the early stages carry races
 # of their own (the unpatched end() can lose a shutdown message), so one rerun is allowed and the
 # cell is shown as ``pass*`` rather than hidden.
@@ -49,10 +51,12 @@ class Cell:
 
     @property
     def unexpected(self) -> bool:
-        return (PASS if self.outcome == FLAKY else self.outcome) != self.expected
+        outcome = {FLAKY: PASS, CANNOT_RUN: FAIL}.get(self.outcome, self.outcome)
+        return outcome != self.expected
 
     def label(self) -> str:
         labels = {PASS: "pass", FLAKY: "pass*", FAIL: "FAIL", ERROR: "ERR", SKIP: "skip", MISSING: "-"}
+        labels[CANNOT_RUN] = "n/a"
         if self.upstream:
             labels.update({PASS: "up", FLAKY: "up*"})
         text = labels.get(self.outcome, "?")
@@ -134,6 +138,8 @@ def render(title: str, ev: Evaluation, series: Sequence[str]) -> str:
             short += " up"
         cells = [row[k].label().ljust(width) for k in ev.stages]
         lines.append("  ".join([names[nodeid].ljust(first), short.ljust(8), *cells]))
+    if any(c.outcome == CANNOT_RUN for row in ev.rows.values() for c in row.values()):
+        lines.append("n/a = cannot run on that stage (it lacks an executor attribute the test drives)")
     if any(c.upstream for row in ev.rows.values() for c in row.values()):
         lines.append("up = the line's base already carries the fixing patch: expected to pass on every stage")
     if any(c.outcome == FLAKY for row in ev.rows.values() for c in row.values()):
@@ -259,7 +265,7 @@ def _verify_line(
                 )
                 got.update({n: FLAKY for n in again if rerun.get(n) == PASS})
             outcomes[k] = got
-            counts = {o: list(got.values()).count(o) for o in (PASS, FLAKY, FAIL, ERROR, SKIP)}
+            counts = {o: list(got.values()).count(o) for o in (PASS, FLAKY, FAIL, CANNOT_RUN, ERROR, SKIP)}
             summary = ", ".join(f"{v} {o}" for o, v in counts.items() if v) or "no tests ran"
             print(f"{name} stage {k}: {summary} ({time.monotonic() - started:.1f} s)", file=out, flush=True)
     finally:
