@@ -392,8 +392,11 @@ class PrPreparer:
             author = read_patch(self.layout.patches / name).author
             if author and author != header.author and author not in coauthors:
                 coauthors.append(author)
-        if coauthors:
-            message += "\n" + "".join(f"Co-authored-by: {a}\n" for a in coauthors)
+        if coauthors:  # into the message's trailer block if it ends with one
+            last = message.rstrip("\n").rsplit("\n\n", 1)[-1].splitlines()
+            joined = all(re.match(r"^[\w-]+: ", ln) for ln in last) and len(message.split("\n\n")) > 1
+            message = message.rstrip("\n") + ("\n" if joined else "\n\n")
+            message += "".join(f"Co-authored-by: {a}\n" for a in coauthors)
         start_tree = form.stage(plan.start)
         change = lineform.self_contained(
             form.change(plan.start, plan.end),

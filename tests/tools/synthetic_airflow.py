@@ -152,6 +152,17 @@ class TestLocalExecutor:
 
     def test_is_local(self):
         assert LocalExecutor.is_local
+
+    def test_results_arrive_on_the_result_queue(self):
+        executor = LocalExecutor(parallelism=1)
+        executor.start()
+        assert executor.result_queue.empty()
+        assert executor._unread_messages.value == 0
+        executor.end()
+
+    @mock.patch.object(LocalExecutor, "activity_queue", create=True)
+    def test_workloads_go_to_the_activity_queue(self, activity_queue):
+        assert activity_queue is LocalExecutor.activity_queue
 """,
     UPSTREAM_CHECK_WORKERS_TEST: b"""from __future__ import annotations
 
