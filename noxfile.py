@@ -7,6 +7,7 @@ per-line test venvs come from ``tools.venvs`` (constrained by ``constraints/<lin
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -161,3 +162,11 @@ def bench(session: nox.Session) -> None:
 def chaos(session: nox.Session) -> None:
     """Seeded SIGKILL/SIGTERM soak of every stage: ``nox -s chaos -- --runs 20 --seed 7``."""
     run_tools(session, "chaos", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def model(session: nox.Session) -> None:
+    """SPIN checks of the dispatch protocol (final, stages 0 and 3): ``nox -s model -- --stage final``."""
+    if shutil.which("spin") is None:
+        session.run("sh", "-c", "apt-get update -qq && apt-get install -y -qq spin", external=True)
+    run_tools(session, "model", *session.posargs)

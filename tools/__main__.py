@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "tools.backport",
     "tools.pr",
     "tools.e2e.cli",
+    "tools.model",
 )
 
 
