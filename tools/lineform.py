@@ -9,9 +9,8 @@ engine's stage trees, so recorded resolutions and 3-way merges are what they pic
     form.status(1)          # "upstream", "clean", "3-way", "resolution", "FAILED", "-"
     form.change(3, 7)       # {path: (bytes at stage 3 or None, bytes at stage 7 or None)}
 
-The engine (``tools.apply``) is asked first. Until it knows the ``upstream`` status itself, a
-patch is taken as upstream on a line when its ``Applied-Upstream:`` names the line's version or
-when it applies in reverse to the stage before it (its change is already there).
+Everything comes from the engine (``tools.apply``); on a line where a patch is ``upstream`` its
+stage has the patch's test files but the base's code.
 
 The second half is git plumbing on those trees: ``overlay_commit`` writes a commit whose tree
 is a given commit's tree with some files replaced, which is how a stage-to-stage change becomes
@@ -30,49 +29,21 @@ from pathlib import Path
 from tools import apply as engine_mod
 from tools import pins
 from tools.errors import ToolError
-from tools.gitcmd import GitError, git
+from tools.gitcmd import git
 from tools.layout import DEFAULT, Layout
 from tools.pins import Line
 from tools.series import Patch
 
-UPSTREAM = str(getattr(engine_mod, "UPSTREAM", "upstream"))
-APPLIED = (engine_mod.CLEAN, engine_mod.THREE_WAY, engine_mod.RESOLUTION, UPSTREAM)
+UPSTREAM = engine_mod.UPSTREAM
+APPLIED = engine_mod.APPLIED
 
 Tree = dict[str, bytes]
 Change = dict[str, tuple[bytes | None, bytes | None]]
 
 
-def applied_upstream_in(patch: Patch, line: Line) -> bool:
-    """``Applied-Upstream:`` names this line's base version (``3.4.0b2``, ``3.4.0b2 (#67881)``)."""
-    value = patch.field("Applied-Upstream") or ""
-    return bool(re.search(rf"(?<![\w.]){re.escape(line.version)}(?![\w.])", value))
-
-
-class _UpstreamAwareEngine(engine_mod.Engine):
-    """The engine, plus the ``upstream`` status for an engine that does not report it yet."""
-
-    def _apply_patch(
-        self, repo: Path, line: Line, k: int, name: str, pre: engine_mod.Tree | None
-    ) -> engine_mod.PatchResult:
-        patch = self.series.patches.get(name)
-        if patch is not None and line != self.primary:
-            if applied_upstream_in(patch, line):
-                return engine_mod.PatchResult(name, UPSTREAM, f"Applied-Upstream: {line.version}")
-            try:
-                git("apply", "--check", "--reverse", str(self.layout.patches / name), cwd=repo, isolated=True)
-            except GitError:
-                pass
-            else:
-                return engine_mod.PatchResult(name, UPSTREAM, f"already in {line.version}")
-        result: engine_mod.PatchResult = super()._apply_patch(repo, line, k, name, pre)
-        return result
-
-
 def make_engine(layout: Layout = DEFAULT, base: Callable[[Line], bytes] | None = None) -> engine_mod.Engine:
-    """The engine for ``layout``; one that adds the ``upstream`` status if the engine lacks it."""
-    if hasattr(engine_mod, "UPSTREAM"):
-        return engine_mod.Engine(layout, base=base)
-    return _UpstreamAwareEngine(layout, base=base)
+    """An engine for ``layout`` (tests pass the bases of a synthetic series)."""
+    return engine_mod.Engine(layout, base=base)
 
 
 _ENGINES: dict[Path, engine_mod.Engine] = {}
@@ -82,7 +53,7 @@ def engine_for(layout: Layout) -> engine_mod.Engine:
     """One engine per patches directory and process (the default layout shares the engine's own)."""
     key = layout.patches.resolve()
     if key not in _ENGINES:
-        if layout == DEFAULT and hasattr(engine_mod, "UPSTREAM"):
+        if layout == DEFAULT:
             _ENGINES[key] = engine_mod.default_engine()
         else:
             _ENGINES[key] = make_engine(layout)

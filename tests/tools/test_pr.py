@@ -315,3 +315,31 @@ def test_references_closes_only_what_the_message_fixes() -> None:
     assert commitmsg.parse(
         "T\n\nOrigin: backport, https://github.com/apache/airflow/pull/67881\n"
     ).backport_note() == ("(backported from apache/airflow#67881)")
+
+
+def test_real_series_prs_if_present(tmp_path: Path, bases: dict[str, bytes]) -> None:
+    """Patches 7 and 8 of the real series as PRs on a 3.4.0b2 main (tests not run: too slow here)."""
+    from tools.layout import DEFAULT
+    from tools.series import read_patch, read_series_names
+
+    names = read_series_names(DEFAULT.series_file)
+    folds = [n for n in names if prmod.pr_folds(read_patch(DEFAULT.patches / n))]
+    if not folds:
+        pytest.skip("no patch of the real series carries PR-Folds yet")
+    repo = syn.make_airflow_repo(tmp_path / "airflow", bases)
+    syn.plant_upstream_tests(repo)
+    prep = prmod.PrPreparer(repo, out_dir=tmp_path / "pr", out=io.StringIO(), evidence_dir=tmp_path / "b")
+    try:
+        p = prep.prepare(folds[0], run_tests=False)
+    except prmod.PrError as exc:
+        pytest.skip(f"the real series does not reach {folds[0]} on 3.4 yet: {exc}")
+    assert git(repo, "rev-list", "--count", f"main..{p.branch}").strip() == "1"
+    assert p.plan is not None and p.plan.folds and not p.plan.stack_on
+    body = p.body_path.read_text()
+    assert "### What this PR contains" in body and "### Upstream tests that use internals" in body
+    assert {f.hit.path for f in p.findings} <= set(syn.PLANTED) and p.findings
+    on = {n: (prmod.pr_stack_on(read_patch(DEFAULT.patches / n)) or "").strip() for n in names}
+    stacked = [n for n in names if on[n] and folds[0].startswith(on[n])]
+    for name in stacked:
+        s = prep.prepare(name, run_tests=False)
+        assert git(repo, "rev-parse", f"{s.branch}~1") == git(repo, "rev-parse", p.branch)
