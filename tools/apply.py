@@ -17,9 +17,10 @@ anything else is ``FAILED`` with the hunk and line, and the later patches are no
 backport). Decided from the trees, before any apply is tried: the change of patches 1..k on
 the primary line (its stage k against its base) is contained in the line's base, that is
 every line it adds to ``local_executor.py`` is there and every line it removes for good is
-gone, up to a few lines (``UPSTREAM_SLACK``) that the backport words for the older API.
+gone, up to a few lines (``UPSTREAM_SLACK_FRACTION``) that the backport words for the older API.
 Upstream patches form a prefix of the series; their test files are still applied, and the
-lines that did not match are recorded in ``build/apply.json`` for a reviewer to check.
+lines that did not match are recorded in ``build/apply.json`` for a reviewer to check, and
+``python -m tools faithful`` compares the functions those patches touch, line by line.
 Stage k of a line is its base plus the first k patches. The derived files (each line's
 overlay, ``tests/executor/`` from the primary line) are written only after every line
 applied, so a failure changes nothing in the repository.
@@ -136,9 +137,9 @@ def _write_tree(tree: Tree, dest: Path) -> None:
         path.write_bytes(data)
 
 
-# At most this many lines of a cumulative change may be worded differently in a base that is
-# said to carry it (3.3's ``key = workload.key`` is 3.4's ``key = self.get_workload_key(workload)``).
-UPSTREAM_SLACK_LINES = 2
+# At most this share of the lines of a cumulative change may be worded differently in a base that
+# is said to carry it (3.3's ``key = workload.key`` is 3.4's ``key = self.get_workload_key(workload)``):
+# 3 of the 102 lines of patches 1-3. A small change must be found whole.
 UPSTREAM_SLACK_FRACTION = 0.05
 
 
@@ -176,7 +177,7 @@ def upstream_unmatched(before: bytes, after: bytes, base: bytes) -> list[str] | 
     missing = [f"+ {line}" for line in dict.fromkeys(added) if line not in have]
     lingering = [f"- {line}" for line in dict.fromkeys(removed) if line not in still and line in have]
     unmatched = missing + lingering
-    allowed = max(UPSTREAM_SLACK_LINES, int(UPSTREAM_SLACK_FRACTION * (len(added) + len(removed))))
+    allowed = int(UPSTREAM_SLACK_FRACTION * (len(added) + len(removed)))
     return unmatched if len(unmatched) <= allowed else None
 
 

@@ -22,7 +22,7 @@ BASE_OLDER = BASE_PRIMARY.replace("line 2\n", "line two\n")
 
 DEP3 = """Origin: vendor
 Bug: https://github.com/apache/airflow/issues/70526
-Forwarded: not-needed
+Forwarded: no
 Applied-Upstream: no
 Last-Update: 2026-11-30"""
 

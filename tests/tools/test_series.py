@@ -34,7 +34,7 @@ def test_parse_format_patch_mail() -> None:
 
 
 def test_dep3_only_when_the_whole_last_paragraph_is_fields() -> None:
-    assert parse_dep3("Text.\n\n" + DEP3)["Forwarded"] == "not-needed"
+    assert parse_dep3("Text.\n\n" + DEP3)["Forwarded"] == "no"
     assert parse_dep3("Text.\n\nOrigin: vendor\nand some prose") == {}
     assert parse_dep3("Origin: vendor\n continued") == {"Origin": "vendor continued"}
 
