@@ -1,23 +1,31 @@
 """Backport the series onto Airflow's release branches the way ``cherry_picker`` does it.
 
-The commits cherry-picked are the series applied onto the clone's ``main`` (``git am -3``,
-one commit per patch, DEP-3 lines dropped and ``(#PR)`` appended to the title, as the
-squash merge upstream would have it) on a branch ``lepatch-series``. Committer date =
-author date, so the same series on the same ``main`` by the same person gives the same
-commit ids and re-runs reuse the branch. Its tip names the backport branches::
+``main`` is the pre-release line (3.4), which already ships the first patches of the series.
+The series is applied onto the clone's ``main`` as the engine has it for that line, one
+commit per patch on a branch ``lepatch-series`` (DEP-3 lines dropped, ``(#PR)`` appended to
+the title, as upstream's squash merge would have it); a patch the engine reports
+``upstream`` there gets no commit. Committer date = author date, so the same series on the
+same ``main`` gives the same commit ids and re-runs reuse the branch. Its tip names the
+backport branches::
 
-    main ── 0001 ── 0002 ── 0003          lepatch-series (the "(cherry picked from commit ...)" ids)
-    v3-2-test ── 0001' ── 0002' ── 0003'  backport-<tip sha7>-v3-2-test
+    main ── 0004 ── ... ── 0008                    lepatch-series (0001-0003: upstream in 3.4.0b2)
+    v3-2-test ── 0001' ── 0002' ── ... ── 0008'    backport-<tip sha7>-v3-2-test
 
-Each pick is ``git cherry-pick -x <sha>`` and then the message is rewritten exactly as
-cherry_picker does with Airflow's configuration (``fix_commit_msg = false``)::
+Each patch lands on a branch as a cherry-pick of the branch line's form of it (the engine's
+stage k-1 -> k of that line, recorded resolutions included, merged 3-way onto the branch,
+so a branch that moved past its pinned release still merges), and the message is written
+exactly as cherry_picker does with Airflow's configuration (``fix_commit_msg = false``)::
 
     [v3-2-test] <original title> (#PR)
 
     <original body>
-    (cherry picked from commit <sha>)
+    (cherry picked from commit <lepatch-series sha>)
 
     Co-authored-by: <original author> <email>
+
+A patch already upstream has no lepatch-series commit: its line names the upstream commit,
+``(cherry picked from commit <sha>)``, when the patch records ``Upstream-Commit:``, else the
+PR it backports, ``(backported from apache/airflow#N)`` (from ``Origin: backport, <url>``).
 
 A conflict uses the recorded resolution of that line (``patches/resolutions/<line>/<patch>``,
 the diff of just the files that need it) or stops with a report in the style of the stable

@@ -1,15 +1,29 @@
 """Prepare one patch of the series as an upstream Airflow PR: a branch, a test run, a PR body.
 
-``prepare`` makes a branch in the Airflow clone from its ``main`` with the patch as one
-commit (``git am -3`` in a temporary worktree, so the clone's checkout is never touched),
-the DEP-3 lines dropped from the message. A patch whose header says ``Significant: yes``
-also gets ``airflow-core/newsfragments/<PR>.significant.rst`` in that commit. The patch's
-test files are run there with plain pytest, first as Airflow would (its conftest), and if
-Airflow's test environment is not installed, self-contained (``--noconftest``); the
-outcome is reported either way. The PR body, following Airflow's PR template (what and
-why, ``closes:``/``related:`` from the ``Bug:`` lines, how it was tested, the generative-AI
-disclosure), goes to ``build/pr/<patch stem>.md``. Nothing is pushed and no PR is opened:
-the report prints the commands for that.
+Upstream's ``main`` is the pre-release line (3.4), which ships the first patches of the series
+already. ``prepare`` makes a branch in the Airflow clone with one commit, in a temporary
+worktree (the clone's checkout is never touched), the DEP-3 lines dropped from the message:
+
+- a plain patch: its own change on the 3.4 line (the engine's stage k-1 -> k), on ``main``;
+- ``PR-Folds: 0004, 0005, 0006``: the series' change from the last stage upstream has to
+  this patch's stage, so code the folded patches add and this one removes never appears
+  (their authors become ``Co-authored-by:``);
+- ``PR-Stack-On: 0007``: one commit on top of that patch's PR branch (prepared first if it is
+  missing), the change from its stage to this one.
+
+Test files that the PR's tests edit or need and ``main`` lacks (those of the upstream patches
+come with the series' stages, not with upstream) are added whole. A patch whose header says
+``Significant: yes`` also gets ``airflow-core/newsfragments/<PR>.significant.rst``. The PR's
+test files run in the 3.4 line's venv with the branch's ``local_executor.py`` installed,
+first as Airflow would (its conftest), and if Airflow's test environment is not installed,
+self-contained (``--confcutdir`` at the test directory); the outcome is reported either way.
+
+The PR body follows Airflow's PR template (what and why, ``closes:``/``related:`` from the
+``Bug:`` lines, how it was tested, the generative-AI disclosure) and adds what the commit
+contains, every upstream test that uses an internal the PR removes (``tools.pr_internals``)
+and a generated "How this was verified" (``tools.pr_evidence``). It goes to
+``build/pr/<patch stem>.md``. Nothing is pushed and no PR is opened: the report prints the
+commands for that.
 """
 
 from __future__ import annotations
@@ -576,6 +590,11 @@ class PrPreparer:
             self.say(
                 "note: the generative-AI disclosure is left unticked; "
                 "pass --generated-by TOOL if one was used"
+            )
+        if p.stacked_branch:
+            self.say(
+                f"stacked on {p.stacked_branch}: push both; open this PR once that one is merged "
+                "(before, its diff against main shows both commits)"
             )
         self.say("nothing pushed; when ready:")
         self.say(f"  git -C {repo} push <your fork> {p.branch}")
