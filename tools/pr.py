@@ -548,7 +548,7 @@ class PrPreparer:
                 )
             except Exception as exc:
                 return TestRun(False, False, "", f"could not set up the {line.name} test environment: {exc}")
-        command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+        command = [str(python), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *files]
         shown = "python -m pytest " + " ".join(files)
         proc = subprocess.run(command, cwd=wt, env=env, capture_output=True, text=True)
         if proc.returncode in (2, 3, 4):  # collection or conftest import failed: Airflow's test env is absent
@@ -561,7 +561,7 @@ class PrPreparer:
             ini = wt / ".lepatch-pytest.ini"
             ini.write_text("[pytest]\n")
             extra = ["-c", str(ini), "--rootdir", str(wt), f"--confcutdir={here}"]
-            command[4:4] = extra
+            command[5:5] = extra
             shown = f"python -m pytest --confcutdir={here} " + " ".join(files)
             proc = subprocess.run(command, cwd=wt, env=env, capture_output=True, text=True)
             ini.unlink()
@@ -570,6 +570,12 @@ class PrPreparer:
             return TestRun(False, False, shown, f"no tests collected from {', '.join(files)}", notes)
         if proc.returncode in (2, 3, 4):
             return TestRun(False, False, shown, f"cannot run here: {summary[:200]}", notes)
+        failed = [
+            ln.split(" - ", 1)[0] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))
+        ]
+        notes += [f"{ln.split(' ', 1)[0].lower()}: `{ln.split(' ', 1)[1]}`" for ln in failed[:10]]
+        if len(failed) > 10:
+            notes.append(f"... and {len(failed) - 10} more")
         return TestRun(True, proc.returncode == 0, shown, summary, notes)
 
     def report(self, p: Prepared, generated_by: str | None) -> None:

@@ -284,6 +284,8 @@ def test_failing_tests_are_reported_and_exit_non_zero(
     args = ["--repo", str(repo), "--patches", str(layout.patches), "--python", str(PYTHON)]
     assert prmod.main([*args, "--out-dir", str(tmp_path / "pr"), "2"]) == 1
     assert "tests FAILED" in capsys.readouterr().out
+    body = next((tmp_path / "pr").glob("0002-*.md")).read_text()
+    assert f"- error: `{syn.TEST_PATH}::test_synthetic`" in body  # which test, not just a count
 
 
 def test_cli_prints_what_to_do_next(
