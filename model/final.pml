@@ -4,7 +4,7 @@
  * One input pipe and one result pipe per worker slot, each with one writer and one reader; a workload
  * goes only to an idle worker; results are read without blocking and a frame is delivered only once
  * complete; a dead worker is found by waitpid (is_alive) and handled in _reap_worker. SIGKILL of any
- * worker at any step (Killer, up to KILLS times), SIGTERM of the executor while it writes a workload
+ * worker at any step (each worker's `unless`, up to KILLS times), SIGTERM of the executor while it writes a workload
  * (up to TERMS times): the scheduler's handler raises SystemExit there and the scheduler calls end().
  *
  * Comments tagged @op name the real operation a step stands for (function: "a quote of the line");
@@ -115,17 +115,19 @@ proctype Worker(byte w; byte g) {
            phase[w] = PH_IDLE
         od;
         atomic { alive[w] = false; rgone[IN(w)] = true }  /* @op worker: exits */
-    } unless { gen[w] != g || !alive[w] }
+    } unless { gen[w] != g || !alive[w] }  /* @op worker: killed: the process is gone */
 }
 
-/* SIGKILL any worker at any step: idle, mid-read, mid-task, mid-frame. */
-#define KILLOPT(i) :: d_step { N > i && kills < KILLS && alive[i] && KILLABLE(i) -> kills++; sigkill(i) }
+/* SIGKILL of any worker at any step (idle, mid-read, mid-task, mid-frame), up to KILLS times; the
+   killed worker's `unless` ends it at once, whatever it held stays held. */
+#define KILLOPT(i) :: d_step { N > i && kills < KILLS && alive[i] && KILLABLE(i) -> \
+                       kills++; sigkill(i); printf("SIGKILL pid %d\n", wpid[i]) }
 active proctype Killer() {
 end:
     do
-    KILLOPT(0)  /* @op SIGKILL worker slot 0 */
-    KILLOPT(1)  /* @op SIGKILL worker slot 1 */
-    KILLOPT(2)  /* @op SIGKILL worker slot 2 */
+    KILLOPT(0)  /* @op SIGKILL */
+    KILLOPT(1)  /* @op SIGKILL */
+    KILLOPT(2)  /* @op SIGKILL */
     od
 }
 
@@ -367,5 +369,5 @@ active proctype Executor() {
     od;
 end_done:
     /* every dispatched workload ended exactly once (end_dispatch asserts "once") */
-    assert(ALLENDED)
+    assert(ALLENDED)  /* @op executor: end() has returned */
 }

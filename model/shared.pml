@@ -72,7 +72,7 @@ byte kills;
                   && (K < 4 || outcome[4] != NONE) && (K < 5 || outcome[5] != NONE) \
                   && (K < 6 || outcome[6] != NONE) && (K < 7 || outcome[7] != NONE))
 
-inline rput(w, k, st, size) {
+inline rput(w, k, st, size) {  /* @wait worker: result_queue.put() "with self._wlock": the shared write lock */
     /* output.put((...)): "with self._wlock: self._writer.send_bytes(obj)" */
     atomic { res_wlock == 0 -> res_wlock = w + 1 };  /* @op worker: result_queue.put() takes the shared write lock */
     rem = size;
@@ -119,16 +119,19 @@ end_read:
            phase[w] = PH_IDLE
         od;
         atomic { alive[w] = false }  /* @op worker: exits on the None pill */
-    } unless { gen[w] != g || !alive[w] }
+    } unless { gen[w] != g || !alive[w] }  /* @op worker: killed: the process is gone */
 }
 
-#define KILLOPT(i) :: d_step { N > i && kills < KILLS && alive[i] && KILLABLE(i) -> kills++; alive[i] = false }
+/* SIGKILL of any worker at any step (idle, mid-read, mid-task, mid-frame), up to KILLS times; the
+   killed worker's `unless` ends it at once, whatever it held stays held. */
+#define KILLOPT(i) :: d_step { N > i && kills < KILLS && alive[i] && KILLABLE(i) -> \
+                       kills++; alive[i] = false; printf("SIGKILL pid %d\n", wpid[i]) }
 active proctype Killer() {
 end:
     do
-    KILLOPT(0)  /* @op SIGKILL worker slot 0 */
-    KILLOPT(1)  /* @op SIGKILL worker slot 1 */
-    KILLOPT(2)  /* @op SIGKILL worker slot 2 */
+    KILLOPT(0)  /* @op SIGKILL */
+    KILLOPT(1)  /* @op SIGKILL */
+    KILLOPT(2)  /* @op SIGKILL */
     od
 }
 
@@ -270,7 +273,7 @@ active proctype Executor() {
     :: timeout -> break  /* nothing can move any more: the scheduler stops the executor */
     od;
 #if CHECK_END == 0
-    assert(ALLENDED)
+    assert(ALLENDED)  /* @op executor: the scheduler has waited for every workload it dispatched */
 #else
     /* end(): "for proc in self.workers.values(): if proc.is_alive(): self.activity_queue.put(None)" */
     for (i : 0 .. N - 1) {
@@ -293,6 +296,6 @@ active proctype Executor() {
     read_results();  /* @op executor: end() "self._read_results()" */
 end_done:
     /* every dispatched workload ended exactly once (reporting asserts "once") */
-    assert(ALLENDED)
+    assert(ALLENDED)  /* @op executor: end() has returned */
 #endif
 }

@@ -57,14 +57,17 @@ Starting Worker with pid 2
   4:\tproc  1 (Executor:1) m.pml:30 (state 9)\t[plen[0] = (plen[0]+n)]
   4:\tproc  1 (Executor:1) pipes.pml:31 (state 10)\t[rem = (rem-n)]
   5:\tproc  1 (Executor:1) m.pml:30 (state 9)\t[plen[0] = (plen[0]+n)]
+      SIGKILL pid 3
   6:\tproc  0 (Killer:1) m.pml:40 (state 3)\t[kills = (kills+1)]
+  6:\tproc  0 (Killer:1) m.pml:40 (state 4)\t[alive[1] = 0]
 spin: trail ends after 6 steps
 #processes: 3
 \t\tplen[0] = 4
   6:\tproc  2 (Worker:1) m.pml:20 (state 5)
   6:\tproc  1 (Executor:1) m.pml:30 (state 9)
+  6:\tproc  3 (Worker:1) m.pml:20 (state 5)
   6:\tproc  0 (Killer:1) m.pml:40 (state 3) <valid end state>
-3 processes created
+4 processes created
 """
 
 MODEL = """\
@@ -112,9 +115,10 @@ def test_parse_trail_splits_steps_from_the_final_state() -> None:
         (4, 1, 31),
         (5, 1, 30),
         (6, 0, 40),
+        (6, 0, 40),
     ]
-    # the killer sits at a valid end state; the other two are stuck
-    assert [(s.proc, s.line) for s in final] == [("Worker", 20), ("Executor", 30)]
+    assert [(s.pid, s.line) for s in final] == [(2, 20), (1, 30), (3, 20), (0, 40)]
+    assert model.killed_pids(TRAIL) == [3]
 
 
 def test_op_map_takes_a_comment_alone_on_its_line_for_the_next_line(tmp_path: Path) -> None:
@@ -131,21 +135,38 @@ def test_render_trail_folds_repeats_and_lists_who_is_stuck() -> None:
     ops = {
         ("m.pml", 20): "worker: recv() reads",
         ("m.pml", 30): "executor: activity_queue.put() writes",
-        ("m.pml", 40): "SIGKILL worker slot 0",
+        ("m.pml", 40): "SIGKILL",
     }
     waits = {("m.pml", 30): "executor: activity_queue.put(): the activity pipe is full"}
-    # the two statements of the worker's one atomic step are one read; the executor's loop wrote twice
-    assert model.render_trail(steps, final, ops, waits) == [
+    # the two statements of the worker's one atomic step are one read; the executor's loop wrote twice;
+    # the killed worker p3 and the killer are not waiting for anything
+    assert model.render_trail(steps, final, ops, waits, killed=[3]) == [
         "worker p2: recv() reads",
         "executor: activity_queue.put() writes (x2)",
-        "SIGKILL: SIGKILL worker slot 0",
+        "killer: SIGKILL worker p3",
         "  waits for ever: worker p2 in recv() reads",
         "  waits for ever: executor in activity_queue.put(): the activity pipe is full",
+    ]
+    # after an assertion nobody waits for ever: the trail says where each process was
+    assert model.render_trail(steps, final, ops, waits, stuck=False, killed=[3])[-2:] == [
+        "  then: worker p2 at recv() reads",
+        "  then: executor at activity_queue.put() writes",
     ]
 
 
 def _check(expect: str, where: str = "") -> model.Check:
     return model.Check("c", "0", "stage0.pml", {"K": 2}, expect, where)
+
+
+def test_describe_names_what_an_assertion_means() -> None:
+    assert model.describe("invalid end state") == model.DEADLOCK
+    assert model.describe("assertion violated (ranby[k]==0)") == (
+        "a workload given back or re-dispatched had already started"
+    )
+    assert model.describe("assertion violated ((outcome[1]!=0)&&(outcome[2]!=0))") == (
+        "a dispatched workload never ends"
+    )
+    assert model.describe("assertion violated (x==1)") == "assertion violated (x==1)"
 
 
 def test_judge_requires_the_final_stage_to_find_nothing() -> None:
