@@ -1,14 +1,20 @@
 /*
- * The final stage (patch 8): airflow_overlay/3.3/airflow/executors/local_executor.py.
+ * The final stage (patch 8): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
+ * model/overlay.sha256 (review this model whenever that file changes, then `python -m tools model
+ * --rehash`).
  *
  * One input pipe and one result pipe per worker slot, each with one writer and one reader; a workload
  * goes only to an idle worker; results are read without blocking and a frame is delivered only once
  * complete; a dead worker is found by waitpid (is_alive) and handled in _reap_worker. SIGKILL of any
- * worker at any step (each worker's `unless`, up to KILLS times), SIGTERM of the executor while it writes a workload
- * (up to TERMS times): the scheduler's handler raises SystemExit there and the scheduler calls end().
+ * worker at any step (the Killer, up to KILLS times); SIGTERM of the executor while it writes a
+ * workload (up to TERMS times): the scheduler's handler raises SystemExit inside the write, and the
+ * scheduler then calls end(). With TERM_AFTER_WRITE the SystemExit may also come after the last byte,
+ * while _send_workload is still inside its try (Python runs a handler at its next bytecode check).
  *
- * Comments tagged @op name the real operation a step stands for (function: "a quote of the line");
- * `python -m tools model` writes trails with them.
+ * Keys are 1..K, all handed over in one _process_workloads batch; a worker sends a running frame
+ * (RUNF units) and a terminal frame (R units) per workload; workloads are W units; None is 1 unit.
+ * Comments tagged @op name the real operation a step stands for (function: "a quote of the line"),
+ * @wait what a process stuck there waits for; `python -m tools model` writes trails with them.
  */
 
 #ifndef N

@@ -101,14 +101,14 @@ end_read:
                pipe_take(ACT, need, n)
            };  /* @op worker: "input.get()" recv_bytes() reads a workload */
            do  /* @wait worker: "input.get()" recv_bytes(): the rest of the frame */
-           :: d_step { need == 0 -> actfr?k; act_rlock = 0; phase[w] = (k == 0 -> PH_IDLE : PH_LOCKS) }; break  /* @op worker: "input.get()" returns, read lock released */
+           :: d_step { need == 0 -> actfr?k; act_rlock = 0; phase[w] = (k == 0 -> PH_IDLE : PH_RUN) }; break  /* @op worker: "input.get()" returns, read lock released */
            :: d_step { need > 0 && plen[ACT] > 0 -> pipe_take(ACT, need, n) }  /* @op worker: "input.get()" reads more of the frame */
            od;
            if
            :: k == 0 -> break  /* "if workload is None: return" */
            :: else
            fi;
-           atomic { ulock == 0 -> ulock = w + 1 };  /* @op worker: "with unread_messages:" */
+           atomic { ulock == 0 -> ulock = w + 1; phase[w] = PH_LOCKS };  /* @op worker: "with unread_messages:" */
            d_step { unread--; ulock = 0; phase[w] = PH_RUN };  /* @op worker: "unread_messages.value -= 1" */
 #if STAGE == 3
            rput(w, k, ST_TOOK, TOOKF);  /* @op worker: "output.put((workload.key, None, None, pid))" */
