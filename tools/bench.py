@@ -542,6 +542,9 @@ class Results:
     def __init__(self) -> None:
         self.cells: dict[tuple[str, str], Cell] = {}
         self.blocked: set[tuple[str, str]] = set()  # (measurement, column) not worth retrying
+        # Per-run bookkeeping a probe reports besides the figures (the scheduler loop's iterations):
+        # {column: {measurement: [run, ...]}}, kept for the JSON.
+        self.details: dict[str, dict[str, list[Any]]] = {}
 
     def cell(self, row: str, column: str) -> Cell:
         return self.cells.setdefault((row, column), Cell())
@@ -555,6 +558,8 @@ class Results:
         """
         measurement = result["id"].split("@", 1)[0]
         outcome = result.get("outcome", "")
+        if result.get("loops"):
+            self.details.setdefault(column, {}).setdefault(measurement, []).extend(result["loops"])
         measured = False
         for row, kind, fld in row_fields(measurement):
             cell = self.cell(row, column if kind == "stage" else kind)
@@ -684,6 +689,24 @@ def targets(results: Results, cfg: Config, last: str) -> list[str]:
     return lines
 
 
+def render_loop_details(results: Results, columns: list[tuple[str, str]]) -> str:
+    """One line per (loop configuration, column): how the modelled scheduler's iterations went."""
+    lines: list[str] = []
+    for col, title in columns:
+        for measurement, runs in sorted(results.details.get(col, {}).items()):
+            if not runs:
+                continue
+            loops = median([r["loops"] for r in runs])
+            idle = median([r["idle"] for r in runs])
+            full = median([r["full"] for r in runs])
+            in_flight = median([r["max_in_flight"] for r in runs])
+            lines.append(
+                f"  {measurement} {title}: {loops:.0f} loops, {idle:.0f} idle (slept), "
+                f"{full:.0f} with no free slot while tasks waited, at most {in_flight:.0f} queued or running"
+            )
+    return "\n".join(lines)
+
+
 def loop_targets(results: Results, cfg: Config, column: str) -> list[str]:
     """Issue 15's targets on the scheduler loop, for one column: throughput >= 0.97x base and
     queued-to-start p95 <= base's, per configuration. Ratios of one interleaved run."""
@@ -790,6 +813,7 @@ class Bench:
                 }
                 for row in table_rows
             ],
+            "details": self.results.details,
         }
 
 
@@ -859,6 +883,10 @@ def run_bench(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
     if spread:
         print("\nspread: half the interquartile range, as % of the median; n samples\n")
         print(spread)
+    details = render_loop_details(bench.results, columns)
+    if details:
+        print("\nscheduler loop iterations (median of runs):")
+        print(details)
     print("\ncolumns: " + "; ".join(f"{s.short} = {s.title}" for s in stages))
     print("! = some runs of this cell produced no figure; why, per cell:")
     for (row, col), cell in sorted(bench.results.cells.items()):

@@ -294,7 +294,14 @@ def test_parse_extra(tmp_path: Path):
 def _loop_results() -> bench.Results:
     res = bench.Results()
     res.add(
-        "0", {"id": "loop_48_p8@0", "tasks_per_s": [4.0], "start_p50_ms": [4000.0], "start_p95_ms": [9000.0]}
+        "0",
+        {
+            "id": "loop_48_p8@0",
+            "tasks_per_s": [4.0],
+            "start_p50_ms": [4000.0],
+            "start_p95_ms": [9000.0],
+            "loops": [{"loops": 30, "idle": 5, "full": 0, "max_in_flight": 48, "makespan_s": 12.0}],
+        },
     )
     res.add("8", {"id": "loop_48_p8@0", "tasks_per_s": [3.0], "start_p50_ms": [8.0], "start_p95_ms": [200.0]})
     res.add(
@@ -322,6 +329,11 @@ def test_loop_results_table_and_targets():
     proto = "\n".join(bench.loop_targets(res, cfg, "proto"))
     assert "ok   48 tasks p8: tasks/s >= 0.97x base: ratio 0.99" in proto
     assert "n/a " in "\n".join(bench.loop_targets(res, cfg, "x"))
+    details = bench.render_loop_details(res, [("0", "base"), ("8", "8")])
+    assert details == (
+        "  loop_48_p8 base: 30 loops, 5 idle (slept), 0 with no free slot while tasks waited, "
+        "at most 48 queued or running"
+    )
 
 
 def test_bench_json_names_extra_columns():
@@ -337,5 +349,6 @@ def test_bench_json_names_extra_columns():
         "sha256": doc["stages"][1]["sha256"],
         "extra": True,
     }
+    assert doc["details"]["0"]["loop_48_p8"][0]["max_in_flight"] == 48
     row = next(r for r in doc["rows"] if r["id"] == "loop_48_p8_tps")
     assert row["better"] == "higher" and row["cells"]["proto"]["ratio_to_base"] == 0.99
