@@ -68,6 +68,10 @@ HERE = Path(__file__).resolve().parent
 BLOCKED_WCHAN_PREFIXES = ("pipe_", "anon_pipe_", "futex_", "do_wait", "wait_woken")
 
 
+# How much longer a scenario with spawned workers may take: each one imports Airflow first.
+SPAWN_SLOWDOWN = 3
+
+
 class ScenarioError(AssertionError):
     """The scenario failed, hung, or overran its deadline; the message says which and shows why."""
 
@@ -148,6 +152,9 @@ def run_scenario(
     """
     module_file = sys.modules[func.__module__].__file__
     assert module_file, f"cannot locate the module of {func!r}"
+    # A spawned worker imports Airflow before it takes anything (seconds on a loaded runner); the
+    # deadlock check, not the deadline, is what ends a hung scenario early.
+    deadline *= SPAWN_SLOWDOWN if start_method == "spawn" else 1
     with tempfile.TemporaryDirectory(prefix="lepatch-scenario-") as tmp:
         result_file = Path(tmp, "result.json")
         out_file = Path(tmp, "output.txt")
@@ -379,7 +386,11 @@ def wait_for_states(
     """
     from airflow.utils.state import TaskInstanceState
 
+    import multiprocessing
+
     terminal = {TaskInstanceState.SUCCESS, TaskInstanceState.FAILED}
+    if multiprocessing.get_start_method() == "spawn":
+        timeout *= SPAWN_SLOWDOWN  # workers start slowly; a lost workload is still caught by the stall
     pending = set(keys)
     states: dict[str, str] = {}
     give_up = time.monotonic() + timeout
@@ -413,6 +424,10 @@ def terminal_states(executor: Any) -> dict[str, str]:
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01) -> bool:
+    import multiprocessing
+
+    if multiprocessing.get_start_method() == "spawn":
+        timeout *= SPAWN_SLOWDOWN
     give_up = time.monotonic() + timeout
     while time.monotonic() < give_up:
         if predicate():
