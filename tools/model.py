@@ -299,6 +299,8 @@ class Step:
     executed: bool
 
 
+# Steps spin prints for its own control flow: no operation of the real code.
+_CONTROL = {"[IF]", "[DO]", "[.(goto)]", "[else]", "[break]", "[(1)]"}
 _STEP = re.compile(r"^\s*(\d+):\s+proc\s+(\d+)\s+\((\w+):\d+\)\s+(\S+?):(\d+)\s+\(state \d+\)(.*)$")
 
 
@@ -318,7 +320,7 @@ def parse_trail(text: str) -> tuple[list[Step], list[Step]]:
         step = Step(int(m.group(1)), int(m.group(2)), m.group(3), m.group(4), int(m.group(5)), not after)
         if after:
             final.append(step)
-        elif rest.startswith("["):
+        elif rest.startswith("[") and rest not in _CONTROL:
             steps.append(step)
     return steps, final
 

@@ -57,6 +57,7 @@ Starting Worker with pid 2
   4:\tproc  1 (Executor:1) m.pml:30 (state 9)\t[plen[0] = (plen[0]+n)]
   4:\tproc  1 (Executor:1) pipes.pml:31 (state 10)\t[rem = (rem-n)]
   5:\tproc  1 (Executor:1) m.pml:30 (state 9)\t[plen[0] = (plen[0]+n)]
+  5:\tproc  1 (Executor:1) m.pml:30 (state 12)\t[.(goto)]
       SIGKILL pid 3
   6:\tproc  0 (Killer:1) m.pml:40 (state 3)\t[kills = (kills+1)]
   6:\tproc  0 (Killer:1) m.pml:40 (state 4)\t[alive[1] = 0]
