@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "tools.releases",
     "tools.series",
     "tools.apply",
+    "tools.faithful",
     "tools.checkout",
     "tools.verify",
     "tools.bench",
