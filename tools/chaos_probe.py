@@ -111,6 +111,16 @@ def _token(obj: Any) -> str | None:
     return None
 
 
+def _is_key(obj: Any) -> bool:
+    """A task key of any line: 3.1-3.3 key by ``ti.key`` (it has a task_id), 3.4 by the ti's uuid."""
+    if hasattr(obj, "task_id"):
+        return True
+    try:
+        return obj in harness._LABELS
+    except TypeError:  # unhashable: no key
+        return False
+
+
 def hook_result_unpickling(seen: list[list[Any]]) -> None:
     """Record ``[token, task_id of the key in the same message]`` for every result unpickled.
 
@@ -127,22 +137,37 @@ def hook_result_unpickling(seen: list[list[Any]]) -> None:
             for item in obj:
                 token = _token(item)
                 if token is not None:
-                    key = next((x for x in obj if hasattr(x, "task_id")), None)
-                    seen.append([token, getattr(key, "task_id", None)])
+                    key = next((x for x in obj if _is_key(x)), None)
+                    seen.append([token, harness.label(key) if key is not None else None])
         return obj
 
     ForkingPickler.loads = staticmethod(loads)
 
 
 def record_change_state(executor: Any, events: list[list[Any]], t0: float) -> None:
-    original = executor.change_state
+    """Record every state change of ``executor``'s keys, however the executor reaches it.
 
-    def change_state(key: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
-        info = args[0] if args else kwargs.get("info")
-        events.append([key.task_id, str(state), _token(info), round(time.monotonic() - t0, 4)])
-        return original(key, state, *args, **kwargs)
+    At BaseExecutor, not on the instance: from patch 2 on, LocalExecutor ends a dispatch with
+    ``super().change_state(...)``, which an instance attribute would never see.
+    """
+    from airflow.executors.base_executor import BaseExecutor
 
-    executor.change_state = change_state
+    executor._lepatch_record = (events, t0)
+    if getattr(BaseExecutor.change_state, "_lepatch_recorder", False):
+        return
+    original = BaseExecutor.change_state
+
+    def change_state(self: Any, key: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+        record = getattr(self, "_lepatch_record", None)
+        if record is not None:
+            info = args[0] if args else kwargs.get("info")
+            record[0].append(
+                [harness.label(key), str(state), _token(info), round(time.monotonic() - record[1], 4)]
+            )
+        return original(self, key, state, *args, **kwargs)
+
+    change_state._lepatch_recorder = True  # type: ignore[attr-defined]
+    BaseExecutor.change_state = change_state  # type: ignore[method-assign]
 
 
 def worker_pids() -> list[int]:
@@ -265,6 +290,8 @@ def run_one(sched: dict[str, Any], progress: str, watch: Any) -> dict[str, Any]:
         )
         for t in sched["tasks"]
     ]
+    for workload in workloads:
+        harness.key_of(workload)  # so events and results name their task on every line
     events: list[list[Any]] = []
     faults: list[dict[str, Any]] = []
     obs: dict[str, Any] = {"run": run, "events": events, "faults": faults}
@@ -332,7 +359,7 @@ def run_one(sched: dict[str, Any], progress: str, watch: Any) -> dict[str, Any]:
     obs["loop_s"] = round(time.monotonic() - t0, 3)
     # Keys the executor never took (still queued when SIGTERM interrupted the batch) are the
     # scheduler's to reschedule, not the executor's to report.
-    obs["not_taken"] = sorted(key.task_id for key in getattr(executor, "queued_tasks", {}))
+    obs["not_taken"] = sorted(harness.label(key) for key in harness.queued(executor))
     watch.arm(sched["end_bound_s"] + 3, "end()")
     t_end = time.monotonic()
     try:
