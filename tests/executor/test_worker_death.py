@@ -226,13 +226,15 @@ def kill_worker_mid_frame(other_bytes: int) -> dict:
         make_workload(f"other_{i}", fake={"wait_for": str(gate), "fail_bytes": other_bytes}) for i in range(2)
     ]
     big_pid, big_key = _big_worker(executor, started_dir)
-    dispatch(executor, others)
-    # Freeze the writer half way through its frame, let the executor read what is in the pipe (part of
-    # the frame), and kill the writer while the executor may still be inside that read.
+    # Freeze the writer half way through its frame before anything reads it (dispatching reads results
+    # too), let the executor read what is in the pipe (part of the frame), and kill the writer while the
+    # executor may still be inside that read.
     os.kill(big_pid, signal.SIGSTOP)
-    gate.touch()  # the others write their results meanwhile
+    assert wait_until(lambda: _proc_field(big_pid, "state") == "T", timeout=10), "big was not stopped"
     killer = threading.Timer(0.3, os.kill, (big_pid, signal.SIGKILL))
     killer.start()
+    dispatch(executor, others)
+    gate.touch()  # the others write their results meanwhile
     executor.sync()
     killer.join()
     _kill_and_wait(big_pid)
