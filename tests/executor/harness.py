@@ -384,9 +384,9 @@ def wait_for_states(
     seconds while every other process of the scenario sat blocked (a pipe, a lock, a wait), so no
     worker is running, starting or writing anything. That is how a lost workload looks.
     """
-    from airflow.utils.state import TaskInstanceState
-
     import multiprocessing
+
+    from airflow.utils.state import TaskInstanceState
 
     terminal = {TaskInstanceState.SUCCESS, TaskInstanceState.FAILED}
     if multiprocessing.get_start_method() == "spawn":

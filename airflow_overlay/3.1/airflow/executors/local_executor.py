@@ -70,9 +70,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from multiprocessing.connection import Connection
 
+    from airflow.models.taskinstance import TaskInstance
     from airflow.models.taskinstancekey import TaskInstanceKey as WorkloadKey
     from airflow.utils.state import TaskInstanceState as WorkloadState
-    from airflow.models.taskinstance import TaskInstance
 
     # What a worker reports on its own results pipe, which says who sent it.
     LocalResult = tuple[WorkloadKey, WorkloadState | None, Exception | None]
