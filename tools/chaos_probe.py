@@ -167,7 +167,7 @@ def record_change_state(executor: Any, events: list[list[Any]], t0: float) -> No
         return original(self, key, state, *args, **kwargs)
 
     change_state._lepatch_recorder = True  # type: ignore[attr-defined]
-    BaseExecutor.change_state = change_state  # type: ignore[method-assign]
+    BaseExecutor.change_state = change_state
 
 
 def worker_pids() -> list[int]:
