@@ -94,6 +94,11 @@ class LineResult:
     def final(self) -> int:
         return len(self.stages) - 1
 
+    @property
+    def upstream(self) -> frozenset[str]:
+        """The patches this line's base already carries (a prefix of the series)."""
+        return frozenset(p.name for p in self.patches if p.status == UPSTREAM)
+
     def stage(self, k: int | None = None) -> Tree:
         k = self.final if k is None else k
         if not 0 <= k < len(self.stages):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
-import sys
+import json
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -79,18 +79,8 @@ def compare(ours: str, upstream: str, names: list[str]) -> list[FunctionDiff]:
     return out
 
 
-def upstream_prefix(engine: engine_mod.Engine, upstream: pins.Line) -> int:
-    """How many leading patches the upstream line's base carries."""
-    n = 0
-    for p in engine.apply_line(upstream).patches:
-        if p.status != engine_mod.UPSTREAM:
-            break
-        n += 1
-    return n
-
-
 def report(engine: engine_mod.Engine, line: pins.Line, upstream: pins.Line) -> tuple[int, list[FunctionDiff]]:
-    k = upstream_prefix(engine, upstream)
+    k = len(engine.apply_line(upstream).upstream)  # they form a prefix of the series
     if k == 0:
         raise ToolError(f"no patch of the series is upstream on {upstream.label}: nothing to compare")
     res = engine.apply_line(line)
@@ -116,8 +106,6 @@ def _cmd_faithful(args: argparse.Namespace) -> int:
                 print(f"      {ln}")
         data[line.name] = [{"function": d.name, "status": d.status, "lines": d.lines} for d in diffs]
     if args.json:
-        import json
-
         args.json.write_text(json.dumps(data, indent=2) + "\n")
     return 0
 
@@ -131,7 +119,3 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--line", action="append", help="only this line (repeatable); default: every release line")
     p.add_argument("--json", type=Path, help="also write the comparison as JSON")
     p.set_defaults(func=_cmd_faithful)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(_cmd_faithful(argparse.Namespace(line=None, json=None)))

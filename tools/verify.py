@@ -229,7 +229,7 @@ def _verify_line(
     fixed_by: dict[str, str | None] = {}
     introduced_by: dict[str, str] = {}
     errors: list[str] = []
-    upstream = frozenset(p.name for p in res.patches if p.status == engine_mod.UPSTREAM)
+    upstream = res.upstream
     # Stage -> the stage already run with byte-identical code (3.4's stages 0-3 are its base).
     ran: dict[bytes, int] = {}
     try:
