@@ -1,11 +1,13 @@
 /*
- * The final stage (patch 8): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
+ * The final stage (patches 8 and 9): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
  * model/overlay.sha256 (review this model whenever that file changes, then `python -m tools model
  * --rehash`).
  *
  * One input pipe and one result pipe per worker slot, each with one writer and one reader; a workload
  * goes only to an idle worker; results are read without blocking and a frame is delivered only once
- * complete; a dead worker is found by waitpid (is_alive) and handled in _reap_worker. SIGKILL of any
+ * complete; a dead worker is found by waitid(WNOWAIT) (_exited) and handled in _reap_workers: patch 9
+ * first SIGKILLs what the worker started (its session), which touches no pipe or key and is not
+ * modelled, then calls _reap_worker, modelled as one step as before. SIGKILL of any
  * worker at any step (the Killer, up to KILLS times); SIGTERM of the executor while it writes a
  * workload (up to TERMS times): the scheduler's handler raises SystemExit inside the write, and the
  * scheduler then calls end(). With TERM_AFTER_WRITE the SystemExit may also come after the last byte,
@@ -52,7 +54,7 @@ byte owed[2 * N];      /* units of the frame being written that are not in the p
 bool corrupt[2 * N];   /* a frame was started behind a torn one: the reader would mix two messages */
 
 bool inuse[N];         /* in self.workers: from _spawn_worker to _reap_worker */
-bool alive[N];         /* proc.is_alive() */
+bool alive[N];         /* not _exited(proc) */
 byte gen[N];
 byte wpid[N];
 byte phase[N];
@@ -220,7 +222,8 @@ inline reap(w) {
 }
 
 inline reap_dead() {
-    /* _check_workers: "for pid in [pid for pid, proc in self.workers.items() if not proc.is_alive()]" */
+    /* _check_workers: "if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]",
+       then _reap_workers: _kill_left_behind (not modelled), then _reap_worker for each */
     for (i : 0 .. N - 1) {
         if
         :: inuse[i] && !alive[i] -> reap(i)
@@ -230,7 +233,7 @@ inline reap_dead() {
 }
 
 inline idle_worker() {
-    /* _idle_worker: "if pid not in self._worker_tasks and proc.is_alive(): return pid", else fork every
+    /* _idle_worker: "if pid not in self._worker_tasks and not _exited(proc): return pid", else fork every
        missing worker ("self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))") */
     w = N;
     for (i : 0 .. N - 1) {

@@ -10,6 +10,13 @@ On a line whose base already carries a patch (the engine's ``upstream`` status: 
 patches 1-3), the tests it fixes are expected to pass on every stage, shown ``up``. Stages
 whose ``local_executor.py`` is byte-identical to one already run (3.4's stages 0-3) are not
 run again: their cells are that stage's outcomes.
+
+By default each test runs only on the stages that decide its verdict: the one before its patch
+(must fail: the bug is reproduced) and every one from its patch on (must pass). Stages further
+back would only fail again, each after the test's deadline, which is where most of the time of
+a full matrix goes; their cells are shown ``.`` (not run). A bug the series introduced runs from
+the stage before the patch that introduced it; on a line whose base carries the patch, every
+stage runs. ``--every-stage`` runs every test on every stage: the full matrix.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from tools.layout import Layout
 from tools.series import fixed_by_markers
 
 PASS, FAIL, ERROR, SKIP, MISSING = "pass", "fail", "error", "skip", "missing"
+# A stage before the one preceding the test's patch, not run by the default plan; never unexpected.
+NOT_RUN = "not-run"
 # Failed only because the stage lacks an attribute the test drives: not a reproduction.
 CANNOT_RUN = "n/a"
 # Failed where it should pass, then passed when run again at once: the early stages carry races
@@ -51,12 +60,14 @@ class Cell:
 
     @property
     def unexpected(self) -> bool:
+        if self.outcome == NOT_RUN:
+            return False
         outcome = {FLAKY: PASS, CANNOT_RUN: FAIL}.get(self.outcome, self.outcome)
         return outcome != self.expected
 
     def label(self) -> str:
         labels = {PASS: "pass", FLAKY: "pass*", FAIL: "FAIL", ERROR: "ERR", SKIP: "skip", MISSING: "-"}
-        labels[CANNOT_RUN] = "n/a"
+        labels.update({CANNOT_RUN: "n/a", NOT_RUN: "."})
         if self.upstream:
             labels.update({PASS: "up", FLAKY: "up*"})
         text = labels.get(self.outcome, "?")
@@ -142,6 +153,8 @@ def render(title: str, ev: Evaluation, series: Sequence[str]) -> str:
         lines.append("n/a = cannot run on that stage (it lacks an executor attribute the test drives)")
     if any(c.upstream for row in ev.rows.values() for c in row.values()):
         lines.append("up = the line's base already carries the fixing patch: expected to pass on every stage")
+    if any(c.outcome == NOT_RUN for row in ev.rows.values() for c in row.values()):
+        lines.append(". = before the stage preceding the test's patch: not run (--every-stage runs them all)")
     if any(c.outcome == FLAKY for row in ev.rows.values() for c in row.values()):
         lines.append("pass* = failed, then passed when run again at once (see the stage-K-rerun logs)")
     return "\n".join(ln.rstrip() for ln in lines)
@@ -165,6 +178,38 @@ def _should_pass(
     return expected_outcome(stage, list(series).index(patch) + 1, start) == PASS
 
 
+def edge_stages(final: int, fix_index: int, introduced_index: int = 0, upstream: bool = False) -> set[int]:
+    """
+    The stages that decide a test's verdict: the one before its patch, and every one from its patch on.
+
+    Earlier stages would only fail again. A bug the series introduced starts from the stage before the
+    patch that introduced it; a patch the line's base carries is tested on every stage.
+    """
+    if upstream:
+        return set(range(final + 1))
+    first = introduced_index - 1 if introduced_index else fix_index - 1
+    return set(range(max(0, first), final + 1))
+
+
+def plan_stages(
+    fixed: Mapping[str, str | None],
+    introduced: Mapping[str, str],
+    series: Sequence[str],
+    final: int,
+    upstream: frozenset[str] = frozenset(),
+) -> dict[str, set[int]]:
+    """Test -> the stages it runs on; one naming no patch of the series runs nowhere (evaluate says why)."""
+    plan: dict[str, set[int]] = {}
+    for nodeid, patch in fixed.items():
+        if patch is None or patch not in series:
+            plan[nodeid] = set()
+            continue
+        cause = introduced.get(nodeid)
+        start = list(series).index(cause) + 1 if cause is not None and cause in series else 0
+        plan[nodeid] = edge_stages(final, list(series).index(patch) + 1, start, patch in upstream)
+    return plan
+
+
 def parse_stage_range(text: str | None, final: int) -> list[int]:
     if not text:
         return list(range(final + 1))
@@ -186,6 +231,7 @@ def run_stage(
     select: str | None,
     layout_root: Path,
     nodeids: Sequence[str] = ("tests/executor",),
+    collect_only: bool = False,
 ) -> tuple[dict[str, str], dict[str, str | None], dict[str, str], str | None]:
     """Run the marked tests against one stage: (outcomes, fixed_by, introduced_by, error or None)."""
     venvs.install_executor(python, source)
@@ -198,6 +244,8 @@ def run_stage(
     ]  # fmt: skip
     if select:
         cmd += ["-k", select]
+    if collect_only:
+        cmd.append("--collect-only")
     with tempfile.TemporaryDirectory(prefix="lepatch-airflow-home-") as home:
         env = venvs.test_env(Path(home))
         env[RECORD_ENV] = str(record)
@@ -221,28 +269,45 @@ def _verify_line(
     stage_range: str | None,
     select: str | None,
     out: Any,
+    every_stage: bool = False,
 ) -> tuple[Evaluation, list[int]]:
     name = res.line.name
     python = venvs.ensure(res.line, layout)
     stages = parse_stage_range(stage_range, res.final)
+    out_dir = layout.build / "verify" / name
     outcomes: dict[int, dict[str, str]] = {}
-    fixed_by: dict[str, str | None] = {}
-    introduced_by: dict[str, str] = {}
     errors: list[str] = []
     upstream = res.upstream
+    # Which tests exist and what each is marked with, before anything runs (collection is cheap).
+    _, fixed_by, introduced_by, error = run_stage(
+        python, res.code(), out_dir, "collect", select, layout.root, collect_only=True
+    )
+    if error:
+        errors.append(f"{name} collection: {error}")
+    if every_stage:
+        plan = {nodeid: set(stages) for nodeid in fixed_by}
+    else:
+        plan = plan_stages(fixed_by, introduced_by, series, res.final, upstream)
     # Stage -> the stage already run with byte-identical code (3.4's stages 0-3 are its base).
     ran: dict[bytes, int] = {}
     try:
         for k in stages:
+            wanted = sorted(n for n, planned in plan.items() if k in planned)
+            got = {n: NOT_RUN for n in plan if n not in wanted}
             same = ran.get(res.code(k))
             if same is not None:
-                outcomes[k] = dict(outcomes[same])
-                print(f"{name} stage {k}: the code of stage {same}, not run again", file=out, flush=True)
+                done = outcomes[same]
+                got.update({n: done[n] for n in wanted if done.get(n, NOT_RUN) != NOT_RUN})
+            todo = [n for n in wanted if n not in got]
+            if not todo:
+                outcomes[k] = got
+                why = f"the code of stage {same}, not run again" if wanted else "no test is decided there"
+                print(f"{name} stage {k}: {why}", file=out, flush=True)
                 continue
-            ran[res.code(k)] = k
+            ran.setdefault(res.code(k), k)
             started = time.monotonic()
-            got, fixed, introduced, error = run_stage(
-                python, res.code(k), layout.build / "verify" / name, f"stage-{k}", select, layout.root
+            result, fixed, introduced, error = run_stage(
+                python, res.code(k), out_dir, f"stage-{k}", select, layout.root, todo
             )
             fixed_by.update(fixed)
             introduced_by.update(introduced)
@@ -250,22 +315,17 @@ def _verify_line(
                 errors.append(f"{name} stage {k}: {error}")
             again = [
                 n
-                for n, o in got.items()
-                if o in (FAIL, ERROR) and _should_pass(n, k, fixed, introduced, series, upstream)
+                for n, o in result.items()
+                if o in (FAIL, ERROR) and _should_pass(n, k, fixed_by, introduced_by, series, upstream)
             ]
             if again and not error:
                 rerun, *_ = run_stage(
-                    python,
-                    res.code(k),
-                    layout.build / "verify" / name,
-                    f"stage-{k}-rerun",
-                    None,
-                    layout.root,
-                    again,
+                    python, res.code(k), out_dir, f"stage-{k}-rerun", None, layout.root, again
                 )
-                got.update({n: FLAKY for n in again if rerun.get(n) == PASS})
+                result.update({n: FLAKY for n in again if rerun.get(n) == PASS})
+            got.update(result)
             outcomes[k] = got
-            counts = {o: list(got.values()).count(o) for o in (PASS, FLAKY, FAIL, CANNOT_RUN, ERROR, SKIP)}
+            counts = {o: list(result.values()).count(o) for o in (PASS, FLAKY, FAIL, CANNOT_RUN, ERROR, SKIP)}
             summary = ", ".join(f"{v} {o}" for o, v in counts.items() if v) or "no tests ran"
             print(f"{name} stage {k}: {summary} ({time.monotonic() - started:.1f} s)", file=out, flush=True)
     finally:
@@ -284,6 +344,7 @@ def run_verify(
     allow_drift: bool = False,
     jobs: int = 1,
     out: Any = sys.stdout,
+    every_stage: bool = False,
 ) -> int:
     layout = engine.layout
     marked = [m for m in fixed_by_markers(layout, engine.series) if m[0].startswith("tests/")]
@@ -303,7 +364,7 @@ def run_verify(
     # why: each line has its own venv, so lines can run side by side (--jobs 2 on 2 cores).
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {
-            name: pool.submit(_verify_line, res, series, layout, stage_range, select, out)
+            name: pool.submit(_verify_line, res, series, layout, stage_range, select, out, every_stage)
             for name, res in results.items()
         }
         evaluations = {name: f.result() for name, f in futures.items()}
@@ -343,15 +404,24 @@ def run_verify(
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     return run_verify(
-        engine_mod.default_engine(), args.line, args.stage_range, args.k, args.allow_drift, args.jobs
+        engine_mod.default_engine(),
+        args.line,
+        args.stage_range,
+        args.k,
+        args.allow_drift,
+        args.jobs,
+        every_stage=args.every_stage,
     )
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("verify", help="run the fixed_by tests on every stage of every line")
+    p = sub.add_parser("verify", help="run each fixed_by test on the stages that decide it, on every line")
     p.add_argument("--line", action="append", help="only this line (repeatable)")
     p.add_argument("--stage-range", help="K, A-B, A- or -B (default: every stage)")
     p.add_argument("-k", help="pytest -k expression, passed through")
     p.add_argument("--jobs", type=int, default=1, help="lines run side by side (default 1)")
     p.add_argument("--allow-drift", action="store_true", help="run even if tests/executor drifted")
+    p.add_argument(
+        "--every-stage", action="store_true", help="every test on every stage, not only its edge stages"
+    )
     p.set_defaults(func=_cmd_verify)

@@ -21,16 +21,20 @@ Drive a real LocalExecutor without a database, in a child process a watchdog can
 A scenario is a plain function in a test module. ``run_scenario`` runs it in a new
 process group (``python harness.py``), so the executor, its workers and anything they
 block on can be killed as a whole; pytest-timeout alone would leave blocked workers
-behind. The watchdog fails the scenario on its deadline, or much sooner when it sees a
-deadlock: every thread of every process in the group asleep in a pipe read/write, a
-futex or a child wait, for ``stuck_after`` seconds, while the output does not grow.
-Nothing in such a group can ever move again, so there is no point waiting any longer.
+behind. Workers that start sessions of their own leave that group, so the scenario also
+runs in a directory of its own, which every process it starts inherits as its working
+directory: that is how the watchdog finds (and kills) those too. The watchdog fails the
+scenario on its deadline, or much sooner when it sees a deadlock: every thread of every
+process of the scenario asleep in a pipe read/write, a futex or a child wait, for
+``stuck_after`` seconds, while the output does not grow. Nothing in such a scenario can
+ever move again, so there is no point waiting any longer.
 
 Workloads are real ``ExecuteTask`` models. The task runner is replaced by ``fake_run``,
 which acts out the behaviour a workload carries in ``ti.executor_config["fake"]``
-(sleep, fail with an exception of a given size, wait for a file, ...). The replacement is
-installed in the scenario process before the executor forks its workers, and, for the
-spawn start method, when a spawned worker imports this file as its ``__mp_main__``.
+(sleep, fail with an exception of a given size, wait for a file, fork a task process
+that leaves marks in a file, ...). The replacement is installed in the scenario process
+before the executor forks its workers, and, for the spawn start method, when a spawned
+worker imports this file as its ``__mp_main__``.
 
 The API differences between the pinned release lines are handled here, in one place:
 3.3 and 3.4 run workloads through ``BaseExecutor.run_workload``; 3.1 and 3.2 call the
@@ -67,6 +71,11 @@ HERE = Path(__file__).resolve().parent
 # version (pipe_write, anon_pipe_write, futex_wait_queue_me, futex_do_wait, ...).
 BLOCKED_WCHAN_PREFIXES = ("pipe_", "anon_pipe_", "futex_", "do_wait", "wait_woken")
 
+# The environment variable naming the scenario's own directory, every scenario process's working
+# directory (inherited, whatever its process group or session; unlike the environment, which
+# setproctitle() overwrites in /proc).
+SCENARIO_DIR = "LEPATCH_SCENARIO_DIR"
+
 
 # How much longer a scenario with spawned workers may take: each one imports Airflow first.
 SPAWN_SLOWDOWN = 3
@@ -100,7 +109,23 @@ class _Thread:
     wchan: str
 
 
-def _group_threads(pgid: int) -> list[_Thread]:
+# (pid, start time, directory) -> whether that process works in that scenario directory.
+_in_dir: dict[tuple[str, str, str], bool] = {}
+
+
+def _works_in(entry: str, started: str, directory: str) -> bool:
+    key = (entry, started, directory)
+    if key not in _in_dir:
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:  # gone, or not ours to look at
+            return False
+        _in_dir[key] = cwd == directory
+    return _in_dir[key]
+
+
+def _group_threads(pgid: int, directory: str | None = None) -> list[_Thread]:
+    """Threads of the processes in group ``pgid`` or, with ``directory``, working in that directory."""
     threads = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -109,7 +134,7 @@ def _group_threads(pgid: int) -> list[_Thread]:
             stat = Path(f"/proc/{entry}/stat").read_text()
             # comm may contain spaces and parentheses; the fields after the last ")" do not.
             fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[2]) != pgid:
+            if int(fields[2]) != pgid and not (directory and _works_in(entry, fields[19], directory)):
                 continue
             name = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             for tid in os.listdir(f"/proc/{entry}/task"):
@@ -131,9 +156,18 @@ def _describe(threads: list[_Thread]) -> str:
     return "\n".join(f"  pid {t.pid} tid {t.tid} {t.state} {t.wchan:<22} {t.name}" for t in threads)
 
 
-def _kill_group(pgid: int) -> None:
+def _kill_group(pgid: int, directory: str) -> None:
+    """Kill the scenario's group, then every process left that works in its directory (own sessions)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+    for _ in range(50):
+        left = {t.pid for t in _group_threads(pgid, directory) if t.state not in ("Z", "X")}
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
 
 
 def run_scenario(
@@ -156,6 +190,7 @@ def run_scenario(
     # deadlock check, not the deadline, is what ends a hung scenario early.
     deadline *= SPAWN_SLOWDOWN if start_method == "spawn" else 1
     with tempfile.TemporaryDirectory(prefix="lepatch-scenario-") as tmp:
+        tmp = os.path.realpath(tmp)
         result_file = Path(tmp, "result.json")
         out_file = Path(tmp, "output.txt")
         request = {
@@ -173,7 +208,8 @@ def run_scenario(
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=environment(),
+                env={**environment(), SCENARIO_DIR: tmp},
+                cwd=tmp,
                 start_new_session=True,
             )
         pgid = proc.pid
@@ -188,10 +224,10 @@ def run_scenario(
                 now = time.monotonic()
                 if now - started > deadline:
                     failure = f"did not finish within its {deadline:.0f}s deadline:\n" + _describe(
-                        _group_threads(pgid)
+                        _group_threads(pgid, tmp)
                     )
                     break
-                threads = _group_threads(pgid)
+                threads = _group_threads(pgid, tmp)
                 window.append((now, _deadlocked(threads), out_file.stat().st_size))
                 while now - window[0][0] > stuck_after:
                     window.popleft()
@@ -207,7 +243,7 @@ def run_scenario(
                 time.sleep(0.02)
         finally:
             # Workers outlive a scenario that raised or was abandoned; never leave them behind.
-            _kill_group(pgid)
+            _kill_group(pgid, tmp)
             proc.wait()
         output = out_file.read_text(errors="replace")
         tail = "\n".join(line[:300] for line in output.splitlines()[-40:])
@@ -254,6 +290,8 @@ def fake_run(workload: Any) -> None:
     # races the setup (a SIGTERM sent before SIG_IGN was in place would kill a "stubborn" worker).
     if started_dir := spec.get("started_dir"):
         Path(started_dir, f"{workload.ti.task_id}.{os.getpid()}").touch()
+    if marks := spec.get("marks"):
+        _run_task_process(marks, spec.get("mark_as", workload.ti.task_id), spec.get("mark_for", 30.0), spec)
     if wait_for := spec.get("wait_for"):
         give_up = time.monotonic() + spec.get("wait_timeout", 60)
         while not os.path.exists(wait_for) and time.monotonic() < give_up:
@@ -262,6 +300,55 @@ def fake_run(workload: Any) -> None:
         time.sleep(seconds)
     if fail_bytes := spec.get("fail_bytes"):
         raise RuntimeError("x" * fail_bytes)
+
+
+MARK_INTERVAL = 0.05  # seconds between two marks of a task process
+
+
+def _run_task_process(marks: str, tag: str, seconds: float, spec: dict[str, Any]) -> None:
+    """
+    Fork a task process and wait for it, as task-sdk's ``supervise`` does.
+
+    The task process is quiet: it writes nothing to the worker, only a line ``tag pid monotonic``
+    to ``marks`` every ``MARK_INTERVAL`` seconds for ``seconds``. With ``spec["mark_detached"]`` it
+    leaves that work to a process of its own and exits at once, as a task that starts something in
+    the background and returns. With ``spec["mark_in_own_session"]`` it leaves that work to a
+    process in a session of its own and waits for it, as BashOperator's SubprocessHook does.
+    """
+    child = os.fork()
+    if child == 0:
+        try:
+            if spec.get("mark_detached") and os.fork() != 0:
+                os._exit(0)
+            if spec.get("mark_in_own_session"):
+                grandchild = os.fork()
+                if grandchild != 0:
+                    os.waitpid(grandchild, 0)
+                    os._exit(0)
+                os.setsid()
+            fd = os.open(marks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            give_up = time.monotonic() + seconds
+            while time.monotonic() < give_up:
+                # One write per line, O_APPEND: lines of different processes never mix.
+                os.write(fd, f"{tag} {os.getpid()} {time.monotonic():.6f}\n".encode())
+                time.sleep(MARK_INTERVAL)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+
+
+def read_marks(marks: str) -> list[tuple[str, int, float]]:
+    """The ``(tag, pid, monotonic time)`` lines task processes wrote to ``marks``, in file order."""
+    try:
+        text = Path(marks).read_text()
+    except FileNotFoundError:
+        return []
+    lines = []
+    # The last piece is "" or a line still being written: only complete lines count.
+    for line in text.split("\n")[:-1]:
+        tag, pid, when = line.split()
+        lines.append((tag, int(pid), float(when)))
+    return lines
 
 
 def install_fake_runner() -> None:
@@ -415,7 +502,7 @@ def wait_for_states(
 def _others_blocked() -> bool:
     """Every process of this scenario's group but this one is blocked (true when there is none)."""
     me = os.getpid()
-    others = [t for t in _group_threads(os.getpgid(0)) if t.pid != me]
+    others = [t for t in _group_threads(os.getpgid(0), os.environ.get(SCENARIO_DIR)) if t.pid != me]
     return not others or _deadlocked(others)
 
 

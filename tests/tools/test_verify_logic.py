@@ -8,11 +8,14 @@ from tools.errors import ToolError
 from tools.verify import (
     FAIL,
     FLAKY,
+    NOT_RUN,
     PASS,
     _should_pass,
+    edge_stages,
     evaluate,
     expected_outcome,
     parse_stage_range,
+    plan_stages,
     render,
 )
 
@@ -96,3 +99,37 @@ def test_only_cells_that_should_pass_are_run_again() -> None:
     assert not _should_pass("t", 1, fixed, {}, SERIES)
     assert _should_pass("t", 2, fixed, {}, SERIES)
     assert not _should_pass("unknown", 2, fixed, {}, SERIES)
+
+
+def test_edge_stages_are_the_stage_before_the_patch_and_every_one_from_it() -> None:
+    assert edge_stages(9, 3) == {2, 3, 4, 5, 6, 7, 8, 9}
+    assert edge_stages(9, 9) == {8, 9}
+    assert edge_stages(9, 1) == set(range(10))
+    # A bug the series introduced at 5 and fixed at 8: passes at 4, fails at 5-7, passes from 8.
+    assert edge_stages(9, 8, 5) == {4, 5, 6, 7, 8, 9}
+    assert edge_stages(9, 2, upstream=True) == set(range(10))
+
+
+def test_plan_runs_each_test_from_the_stage_before_its_patch() -> None:
+    fixed = {"t::a": "0002-b.patch", "t::b": "0003-c.patch", "t::c": "0009-gone.patch"}
+    plan = plan_stages(fixed, {}, SERIES, 3, frozenset({"0001-a.patch"}))
+    assert plan == {"t::a": {1, 2, 3}, "t::b": {2, 3}, "t::c": set()}
+    assert plan_stages({"t::u": "0001-a.patch"}, {}, SERIES, 3, frozenset({"0001-a.patch"})) == {
+        "t::u": {0, 1, 2, 3}
+    }
+
+
+def test_cells_not_run_by_the_plan_are_never_unexpected() -> None:
+    outcomes = {
+        0: {"t::a": NOT_RUN},
+        1: {"t::a": "fail"},
+        2: {"t::a": "pass"},
+        3: {"t::a": "pass"},
+    }
+    ev = evaluate(outcomes, {"t::a": "0002-b.patch"}, SERIES)
+    assert ev.ok
+    assert [c.label() for c in ev.rows["t::a"].values()] == [".", "FAIL", "pass", "pass"]
+    assert "not run" in render("9.1 (9.1.0)", ev, SERIES)
+    # A planned stage whose result is missing still is.
+    outcomes[2] = {}
+    assert not evaluate(outcomes, {"t::a": "0002-b.patch"}, SERIES).ok

@@ -39,6 +39,15 @@ SIGKILL of a worker at any instant (idle, running, half way through a frame) dam
 pipes: results are read without blocking and a partial frame stays in that worker's buffer, a write to
 a dead worker fails with EPIPE instead of blocking, and _reap_worker() fails the one workload the worker
 held and frees its slot. Workloads no worker has taken yet stay in the executor's deque.
+
+What a worker started dies with it. Each worker leads a session of its own (its pid is the session
+id), so every process it starts for a workload (the task process task-sdk's supervisor forks, and
+whatever that starts) is in that session, even in a process group of its own, unless it starts a
+session itself (as SubprocessHook does: those are found as children of processes in the session).
+Once a worker has exited, for whatever reason, the executor SIGKILLs all of them and waits until they
+are dead, and only then reaps the worker, fails the workload it held and frees its slot: the scheduler
+never runs a task again while an earlier copy still runs. Until it is reaped, the dead worker keeps
+its pid, so no unrelated process can have that session id; each process is signalled by pidfd.
 """
 
 from __future__ import annotations
@@ -47,12 +56,16 @@ import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.process
 import os
+import select
+import signal
 import struct
 import sys
+import time
 from collections import deque
 from multiprocessing.reduction import ForkingPickler
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from airflow.executors import workloads
 from airflow.executors.base_executor import BaseExecutor
@@ -67,7 +80,7 @@ else:
     setproctitle = lambda title, logger: real_setproctitle(title)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Collection, Iterator, Sequence
     from multiprocessing.connection import Connection
 
     from airflow.models.taskinstance import TaskInstance
@@ -76,6 +89,102 @@ if TYPE_CHECKING:
 
     # What a worker reports on its own results pipe, which says who sent it.
     LocalResult = tuple[WorkloadKey, WorkloadState | None, Exception | None]
+
+
+# macOS has no os.waitid: there a worker can only be waited for by reaping it (see _kill_left_behind()).
+_WAITID = hasattr(os, "waitid")
+
+
+def _exited(proc: multiprocessing.Process) -> bool:
+    """Whether the worker has exited. It is not reaped (WNOWAIT): its pid, its session id, stays taken."""
+    if not _WAITID:
+        return not proc.is_alive()
+    try:
+        return os.waitid(os.P_PID, cast("int", proc.pid), os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already, not by the executor; _kill_left_behind() says so
+        return not proc.is_alive()
+
+
+def _wait_exited(proc: multiprocessing.Process, timeout: float | None = None) -> bool:
+    """Wait until the worker has exited, without reaping it (where the platform can); return whether it has."""
+    if not _WAITID:
+        proc.join(timeout)
+        return proc.exitcode is not None
+    if timeout is None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, cast("int", proc.pid), os.WEXITED | os.WNOWAIT)
+        return True
+    give_up = time.monotonic() + timeout
+    while not _exited(proc):
+        if time.monotonic() >= give_up:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _unreaped(proc: multiprocessing.Process) -> bool:
+    """Whether the exited worker is still a zombie only the executor can reap."""
+    if not _WAITID:
+        return False
+    try:
+        return os.waitid(os.P_PID, cast("int", proc.pid), os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False
+
+
+def _stat_fields(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` from the state on (state, ppid, pgrp, session...); None if gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        stat = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # The command name may hold spaces and parentheses; the fields after the last ")" do not.
+    end = stat.rfind(b")")
+    return stat[end + 2 :].split() if end >= 0 else None
+
+
+def _left_behind(sessions: Collection[int]) -> dict[int, int] | None:
+    """
+    Find the live processes that the workers whose session ids are ``sessions`` started; None without /proc.
+
+    Those in the sessions map to 0. Below them, processes in sessions of their own (SubprocessHook starts
+    one, so BashOperator's shell and what it runs are there) map to their parent, which comes first.
+    A session's leader, the worker itself, is left out.
+    """
+    try:
+        entries = os.listdir("/proc")
+    except FileNotFoundError:
+        return None
+    table = {}
+    for entry in entries:
+        if entry.isdigit() and (fields := _stat_fields(entry)) is not None:  # None: it exited meanwhile
+            table[int(entry)] = fields
+    found = {pid: 0 for pid, fields in table.items() if int(fields[3]) in sessions and pid != int(fields[3])}
+    children: dict[int, list[int]] = {}
+    for pid, fields in table.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    stack = list(found)
+    while stack:
+        parent = stack.pop()
+        for child in children.get(parent, ()):
+            if child not in found:
+                found[child] = parent
+                stack.append(child)
+    # A zombie runs nothing (and has no children: they went to a reaper when it exited).
+    return {pid: parent for pid, parent in found.items() if table[pid][0] not in (b"Z", b"X")}
+
+
+def _pidfd_exited(pidfd: int) -> bool:
+    """Whether the process a pidfd names has exited (its pidfd turns readable)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 # A result frame: its length, then the pickled (key, state, exc).
@@ -130,7 +239,14 @@ def _run_worker(
     output: Connection,
     inherited: Sequence[Connection],
 ):
-    import signal
+    # Invariant: every process this worker starts (task processes, and what they start) is in a session
+    # whose id is this worker's pid, so the executor can find and kill them all once this worker is dead,
+    # even those in process groups of their own. First thing: a worker killed before it had started nothing.
+    try:
+        os.setsid()
+        own_session = None
+    except OSError as e:
+        own_session = e
 
     # Ignore ctrl-c in this process -- we don't want to kill _this_ one. we let tasks run to completion
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -142,6 +258,13 @@ def _run_worker(
 
     log = logging.getLogger(logger_name)
     log.info("Worker starting up pid=%d", os.getpid())
+    if own_session is not None:
+        log.warning(
+            "Worker pid=%d could not start a session of its own (%s): if it dies, the task processes it "
+            "started are not killed",
+            os.getpid(),
+            own_session,
+        )
 
     while True:
         setproctitle("airflow worker -- LocalExecutor: <idle>", log)
@@ -271,11 +394,139 @@ class LocalExecutor(BaseExecutor):
     def _check_workers(self):
         """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
         self._read_results()
-        # waitpid, not the sentinel or EOF: a task process the worker forked keeps both open after the
+        # waitid, not the sentinel or EOF: a task process the worker forked keeps both open after the
         # worker itself is gone.
-        for pid in [pid for pid, proc in self.workers.items() if not proc.is_alive()]:
-            self._reap_worker(pid)
+        if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
+            self._reap_workers(dead)
         self._dispatch_pending()
+
+    #: Seconds ``_kill_left_behind()`` waits for the SIGKILLed processes of a dead worker to die before it
+    #: gives up on them (a process in uninterruptible sleep dies only once it wakes).
+    left_behind_timeout: float = 5.0
+
+    def _reap_workers(self, pids: Collection[int]) -> None:
+        """Kill what the exiting workers left behind, then forget them and their pipes and fail their work."""
+        for pid in pids:
+            _wait_exited(self.workers[pid])
+        # Before any key is failed or slot freed: the scheduler may run the key again at once.
+        self._kill_left_behind(pids)
+        for pid in pids:
+            self._reap_worker(pid)
+
+    def _kill_left_behind(self, workers: Collection[int]) -> None:
+        """SIGKILL every process the exited ``workers`` started and left running; wait until they are dead."""
+        # Invariant: a worker's session id is its pid, and an exited worker keeps its pid until it is reaped,
+        # so while it is unreaped no process but those it started can be in its session (or process group).
+        # Only the executor reaps its workers: multiprocessing is told to keep off them in _spawn_worker().
+        sessions = {pid for pid in workers if _unreaped(self.workers[pid])}
+        if lost := sorted(set(workers) - sessions):
+            self.log.warning(
+                "Workers %s were reaped before what they started could be killed (%s): any process of theirs "
+                "that is still running is left alone, since their pids may be reused",
+                lost,
+                "this platform has no waitid" if not _WAITID else "not by this executor",
+            )
+        give_up = time.monotonic() + self.left_behind_timeout
+        killed: dict[int, int] = {}  # pid -> pidfd of each process signalled, until it has exited
+        spared: set[int] = set()  # processes the executor cannot, or may not, signal
+        try:
+            while sessions:
+                found = _left_behind(sessions)
+                if found is None:
+                    self.log.warning(
+                        "This platform has no /proc: what workers %s started outside their process groups "
+                        "is not killed",
+                        sorted(sessions),
+                    )
+                    for session in sessions:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(session, signal.SIGKILL)
+                    return
+                for pid, pidfd in list(killed.items()):
+                    if _pidfd_exited(pidfd):
+                        del killed[pid]
+                        os.close(pidfd)
+                new = {pid: up for pid, up in found.items() if pid not in killed and pid not in spared}
+                if time.monotonic() > give_up:
+                    self.log.error(
+                        "Processes %s started by exited workers outlived SIGKILL by %.0fs; giving up on them",
+                        sorted({*new, *killed}),
+                        self.left_behind_timeout,
+                    )
+                    return
+                # Every process is proven ours before any is killed: a killed parent's children would be
+                # handed to a reaper, and could no longer be told from anyone else's.
+                ours = self._prove_ours(new, sessions, killed, spared)
+                for session in sessions:
+                    # The worker's own process group at once: task processes stay in it before Airflow 3.3.
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(session, signal.SIGKILL)
+                for pid, pidfd in ours.items():
+                    try:
+                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                        killed[pid] = pidfd
+                    except ProcessLookupError:
+                        os.close(pidfd)
+                    except PermissionError:
+                        # Another user's process (run_as_user): only its own supervisor could have stopped it.
+                        self.log.error("Not allowed to kill pid=%s, started by an exited worker", pid)
+                        spared.add(pid)
+                        os.close(pidfd)
+                if not new and not killed:
+                    return
+                time.sleep(0.001)
+        finally:
+            for pidfd in killed.values():
+                os.close(pidfd)
+
+    def _prove_ours(
+        self, found: dict[int, int], sessions: set[int], killed: dict[int, int], spared: set[int]
+    ) -> dict[int, int]:
+        """Return a pidfd for each process of ``found`` (pid -> parent, parents first) proven ours."""
+        if not found:
+            return {}
+        if not hasattr(os, "pidfd_open"):
+            self.log.error("Cannot kill %s, started by exited workers, safely without pidfd", sorted(found))
+            spared.update(found)
+            return {}
+        pidfds: dict[int, int] = {}
+        ours: dict[int, int] = {}
+        try:
+            for pid, parent in found.items():
+                try:
+                    pidfds[pid] = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    continue
+                except OSError as e:  # ENOSYS: Linux < 5.3; by pid alone, one that exits could be another's
+                    self.log.error(
+                        "Cannot kill pid=%s, started by an exited worker, without pidfd: %s", pid, e
+                    )
+                    spared.add(pid)
+                    continue
+                # The pidfd names, for good, the process that had ``pid`` when it was opened; until that
+                # process is reaped it keeps ``pid``, so /proc/pid shows it (once it is reaped, a signal to
+                # it goes nowhere, whoever has ``pid`` by then). It is ours if it is in a worker's session
+                # (nothing else can be while the worker is unreaped), or if its parent is ``parent``, one of
+                # ours that is still running afterwards (so it was that process when this one named it).
+                fields = _stat_fields(pid)
+                if fields is None:
+                    continue
+                if parent == 0:
+                    proven = int(fields[3]) in sessions
+                else:
+                    parent_fd = ours.get(parent, killed.get(parent))
+                    proven = (
+                        parent_fd is not None and int(fields[1]) == parent and not _pidfd_exited(parent_fd)
+                    )
+                if proven:
+                    ours[pid] = pidfds.pop(pid)
+        except BaseException:
+            pidfds.update(ours)
+            raise
+        finally:
+            for pidfd in pidfds.values():
+                os.close(pidfd)
+        return ours
 
     def _reap_worker(self, pid: int) -> None:
         """Forget a dead worker and its pipes; fail the workload it held unless it reported its end."""
@@ -325,7 +576,7 @@ class LocalExecutor(BaseExecutor):
                 # The worker is gone and never got the whole workload: keep it for the next worker.
                 del self._worker_tasks[pid]
                 self._pending.appendleft((workload, taken_from))
-                self._reap_worker(pid)
+                self._reap_workers([pid])
             except BaseException:
                 # Nothing was sent (a workload that cannot be pickled, an interrupt): it stays queued.
                 del self._worker_tasks[pid]
@@ -348,7 +599,7 @@ class LocalExecutor(BaseExecutor):
     def _idle_worker(self) -> int | None:
         """Return an idle live worker, starting one if all are busy and fewer than ``parallelism`` exist."""
         for pid, proc in self.workers.items():
-            if pid not in self._worker_tasks and proc.is_alive():
+            if pid not in self._worker_tasks and not _exited(proc):
                 return pid
         if len(self.workers) >= self.parallelism:
             return None
@@ -384,6 +635,10 @@ class LocalExecutor(BaseExecutor):
             output_w.close()
         if TYPE_CHECKING:
             assert p.pid  # Since we've called start
+        # Only the executor reaps its workers: multiprocessing reaps every dead child it knows of whenever a
+        # process starts, which would free a dead worker's pid (its session id) for reuse while the executor
+        # may still be killing what the worker left behind (_kill_left_behind()).
+        multiprocessing.process._children.discard(p)  # type: ignore[attr-defined]
         self.workers[p.pid] = p
         self._inputs[p.pid] = input_w
         self._outputs[p.pid] = _ResultReader(output_r)
@@ -454,18 +709,19 @@ class LocalExecutor(BaseExecutor):
                     self._send_workload(pid, None)
 
             # A worker cannot exit while it is blocked writing a result nobody reads: keep reading results
-            # while waiting. A worker that is gone is reaped at once, whatever it left in its pipes.
+            # while waiting. A worker that is gone is reaped at once, whatever it left in its pipes, once
+            # what it started is dead.
             while self.workers:
                 self._read_results(timeout=0.1)
-                for pid in [pid for pid, proc in self.workers.items() if not proc.is_alive()]:
-                    self._reap_worker(pid)
+                if exited := [pid for pid, proc in self.workers.items() if _exited(proc)]:
+                    self._reap_workers(exited)
         except (KeyboardInterrupt, SystemExit):
             self.log.error("KeyboardInterrupt received during shutdown. Force terminating workers.")
-            for pid, proc in list(self.workers.items()):
+            for proc in self.workers.values():
                 self._terminate_worker_process(proc)
-                # Its complete frames are read, a partial one is dropped: nothing here can block.
-                if not proc.is_alive():
-                    self._reap_worker(pid)
+            # Their complete frames are read, a partial one is dropped: nothing here can block.
+            if exited := [pid for pid, proc in self.workers.items() if _exited(proc)]:
+                self._reap_workers(exited)
             raise
 
     def terminate(self):
@@ -474,17 +730,23 @@ class LocalExecutor(BaseExecutor):
         for proc in self.workers.values():
             self._terminate_worker_process(proc)
 
+        # Then what they started and left running; they are reaped only once that is dead (their pids
+        # are the session ids it is found by). Results are not read any more.
+        exited = [pid for pid, proc in self.workers.items() if _exited(proc)]
+        self._kill_left_behind(exited)
+        for pid in exited:
+            self.workers[pid].join(timeout=0)
+
     def _terminate_worker_process(self, proc: multiprocessing.Process) -> None:
-        """Terminate a worker process, escalating to kill if it stays alive."""
-        if not proc.is_alive():
+        """Terminate a worker process, escalating to kill if it stays alive; it is left for the executor to reap."""
+        if _exited(proc):
             return
 
         proc.terminate()
-        proc.join(timeout=0.2)
-        if proc.is_alive():
+        if not _wait_exited(proc, timeout=0.2):
             self.log.warning("Worker process %s did not stop after SIGTERM. Sending SIGKILL.", proc.pid)
             proc.kill()
-            proc.join(timeout=0.2)
+            _wait_exited(proc, timeout=0.2)
 
     def _process_workloads(self, workloads):
         for workload in workloads:
@@ -543,8 +805,11 @@ class LocalExecutor(BaseExecutor):
     def revoke_task(self, *, ti: TaskInstance) -> None:
         key = ti.key
         self.queued_tasks.pop(key, None)
-        for pid, task_key in self._worker_tasks.items():
-            if task_key == key:
-                self._terminate_worker_process(self.workers[pid])
+        holders = [pid for pid, task_key in self._worker_tasks.items() if task_key == key]
+        for pid in holders:
+            self._terminate_worker_process(self.workers[pid])
         self._forget_workload(key)
         self.running.discard(key)
+        # What they started is dead before the scheduler can queue the key again.
+        if exited := [pid for pid in holders if _exited(self.workers[pid])]:
+            self._reap_workers(exited)

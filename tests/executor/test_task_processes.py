@@ -1,0 +1,174 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one
+# or more contributor license agreements.  See the NOTICE file
+# distributed with this work for additional information
+# regarding copyright ownership.  The ASF licenses this file
+# to you under the Apache License, Version 2.0 (the
+# "License"); you may not use this file except in compliance
+# with the License.  You may obtain a copy of the License at
+#
+#   http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing,
+# software distributed under the License is distributed on an
+# "AS IS" BASIS, WITHOUT WARRANTIES OR CONDITIONS OF ANY
+# KIND, either express or implied.  See the License for the
+# specific language governing permissions and limitations
+# under the License.
+"""
+No task process outlives its worker: a killed worker's task is gone before its key is failed.
+
+A worker runs a task the way task-sdk's ``supervise`` does: it forks a task process and waits
+for it. Here the task process is quiet (it never writes to the worker, so nothing makes it
+notice that the worker is gone) and leaves a mark in a file every 50 ms. Once the executor
+reports the key failed, the scheduler may run it again at once; two copies of one task must
+never run side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from harness import (
+    MARK_INTERVAL,
+    dispatch,
+    key_of,
+    make_workload,
+    new_executor,
+    read_marks,
+    run_scenario,
+    wait_for_states,
+    wait_until,
+)
+
+KILL_TASKS_PATCH = "0009-kill-a-dead-localexecutor-workers-task-processes.patch"
+
+
+def _dead(pid: int) -> bool:
+    """``pid`` runs no more: gone, or a zombie nobody reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat[stat.rindex(")") + 2] in ("Z", "X")
+
+
+def _pids(marks: str, tag: str) -> set[int]:
+    return {pid for t, pid, _ in read_marks(marks) if t == tag}
+
+
+def _marks_after(marks: str, tag: str, since: float) -> int:
+    return sum(1 for t, _, when in read_marks(marks) if t == tag and when > since)
+
+
+def kill_worker_running_a_task(own_session: bool) -> dict:
+    executor = new_executor(2)
+    marks = str(Path(tempfile.mkdtemp(), "marks"))
+    started_dir = tempfile.mkdtemp()
+    fake = {"started_dir": started_dir, "marks": marks, "mark_as": "try1", "mark_in_own_session": own_session}
+    first = make_workload("task", fake=fake)
+    key = key_of(first)
+    dispatch(executor, [first])
+
+    def task_marking() -> bool:
+        executor.sync()
+        return bool(_pids(marks, "try1"))
+
+    assert wait_until(task_marking, timeout=60), "the task process never started"
+    (worker,) = (int(name.rsplit(".", 1)[1]) for name in os.listdir(started_dir))
+    (task_process,) = _pids(marks, "try1")
+
+    os.kill(worker, signal.SIGKILL)
+    killed_at = time.monotonic()
+    # The scheduler's view: poll sync() until the key's failure shows, and look at the task process
+    # at that very moment.
+    while key not in executor.event_buffer and time.monotonic() - killed_at < 30:
+        executor.sync()
+    reported_at = time.monotonic()
+    failed = str(executor.event_buffer.get(key, ("missing",))[0])
+    task_dead_when_reported = _dead(task_process)
+    slots_when_reported = executor.slots_available
+
+    # The scheduler retries the key at once.
+    executor.event_buffer.clear()
+    retry = make_workload("task", fake={"marks": marks, "mark_as": "try2", "mark_for": 0.5})
+    dispatch(executor, [retry])
+    states = wait_for_states(executor, [key_of(retry)], timeout=30)
+    time.sleep(5 * MARK_INTERVAL)  # a task process still alive would have marked by now
+    lines = read_marks(marks)
+    first_try2 = next((i for i, (tag, _, _) in enumerate(lines) if tag == "try2"), len(lines))
+    executor.end()
+    return {
+        "failed": failed,
+        "task_dead_when_reported": task_dead_when_reported,
+        "slots_when_reported": slots_when_reported,
+        "try1_marks_after_report": _marks_after(marks, "try1", reported_at),
+        "try1_marks_after_try2_began": sum(1 for tag, _, _ in lines[first_try2:] if tag == "try1"),
+        "try2_marks": sum(1 for tag, _, _ in lines if tag == "try2"),
+        "retry": states,
+        "reported_ms": round((reported_at - killed_at) * 1000, 1),
+    }
+
+
+@pytest.mark.fixed_by(KILL_TASKS_PATCH)
+@pytest.mark.parametrize("own_session", [False, True], ids=["task-process", "its-child-in-own-session"])
+def test_task_process_of_a_killed_worker_is_dead_before_its_key_is_failed(start_method, own_session):
+    # own_session: the marks come from a process the task process started in a session of its own and
+    # waits for, as BashOperator's shell.
+    outcome = run_scenario(
+        kill_worker_running_a_task, start_method=start_method, deadline=120, own_session=own_session
+    )
+    assert outcome["failed"] == "failed", outcome
+    assert outcome["task_dead_when_reported"], outcome
+    assert outcome["slots_when_reported"] == 2, outcome
+    assert outcome["try1_marks_after_report"] == 0, outcome
+    # The retry ran, and never beside the first try.
+    assert outcome["retry"] == {"task": "success"}, outcome
+    assert outcome["try2_marks"] > 0, outcome
+    assert outcome["try1_marks_after_try2_began"] == 0, outcome
+
+
+def stop_executor_with_task_processes(how: str) -> dict:
+    """``end()`` after tasks that left processes behind, or ``terminate()`` while tasks run."""
+    executor = new_executor(2)
+    marks = str(Path(tempfile.mkdtemp(), "marks"))
+    # end() waits for the tasks, so they finish, but each leaves a process behind that goes on marking.
+    # terminate() does not wait: the task processes themselves are still running.
+    detached = how == "end"
+    items = [
+        make_workload(f"task_{i}", fake={"marks": marks, "mark_as": f"task_{i}", "mark_detached": detached})
+        for i in range(2)
+    ]
+    dispatch(executor, items)
+
+    def all_marking() -> bool:
+        executor.sync()
+        return all(_pids(marks, f"task_{i}") for i in range(2))
+
+    assert wait_until(all_marking, timeout=60), "the task processes never started"
+    if detached:
+        states = wait_for_states(executor, [key_of(w) for w in items], timeout=30)
+        assert set(states.values()) == {"success"}, states
+    task_processes = set().union(*(_pids(marks, f"task_{i}") for i in range(2)))
+    getattr(executor, how)()
+    returned_at = time.monotonic()
+    alive = sorted(pid for pid in task_processes if not _dead(pid))
+    time.sleep(5 * MARK_INTERVAL)
+    return {
+        "alive_after_return": alive,
+        "marks_after_return": sum(_marks_after(marks, f"task_{i}", returned_at) for i in range(2)),
+    }
+
+
+@pytest.mark.fixed_by(KILL_TASKS_PATCH)
+@pytest.mark.parametrize("how", ["end", "terminate"])
+def test_no_task_process_is_left_after_the_executor_stops(start_method, how):
+    outcome = run_scenario(
+        stop_executor_with_task_processes, start_method=start_method, deadline=120, how=how
+    )
+    assert outcome == {"alive_after_return": [], "marks_after_return": 0}
