@@ -10,7 +10,7 @@ from types import FrameType
 
 from tools import pins
 from tools.e2e import driver
-from tools.e2e.driver import SCENARIOS, Options, run_session
+from tools.e2e.driver import DEFAULT_SCENARIOS, ORPHAN_DEADLINE, SCENARIOS, Options, run_session
 from tools.errors import ToolError
 from tools.layout import DEFAULT as LAYOUT
 
@@ -24,7 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         choices=SCENARIOS,
         dest="scenarios",
-        help="run only this scenario (repeatable; default: all, in order)",
+        help=(
+            f"run only this scenario (repeatable; default: {', '.join(DEFAULT_SCENARIOS)}, in order; "
+            "kill-orphan only when asked for)"
+        ),
     )
     p.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
     p.add_argument(
@@ -37,7 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="executor stage: 0 = unpatched base, k = first k patches (default: the full series overlay)",
     )
     p.add_argument("--parallelism", type=int, default=8)
-    p.add_argument("--deadline", type=float, default=120.0, help="seconds from trigger to a final run state")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=120.0,
+        help=f"seconds from trigger to a final run state (kill-orphan: at least {ORPHAN_DEADLINE:g})",
+    )
     p.add_argument(
         "--stop-bound", type=float, default=30.0, help="seconds SIGTERM may take to stop the scheduler"
     )
@@ -59,7 +67,7 @@ def options_from(args: argparse.Namespace) -> Options:
         stage=args.stage,
         db=args.db,
         parallelism=args.parallelism,
-        scenarios=list(dict.fromkeys(args.scenarios or SCENARIOS)),
+        scenarios=list(dict.fromkeys(args.scenarios or DEFAULT_SCENARIOS)),
         deadline=args.deadline,
         stop_bound=args.stop_bound,
         task_seconds=args.task_seconds,

@@ -26,6 +26,16 @@ kill-idle-reader
     Before the trigger, the idle worker that holds the input queue's read lock (its wchan is a
     pipe read while the other idle workers sleep on a futex) is SIGKILLed. Every task must still
     run, and afterwards SIGTERM must stop the scheduler within ``--stop-bound`` seconds.
+kill-orphan
+    Its own DAG, ``tests/e2e/dags/lepatch_e2e_orphan.py``: one task (``retries=1``, retry in 5 s)
+    that appends ``<try> <pid> <time>`` to a marks file (``LEPATCH_E2E_MARKS``) once a second for
+    40 s and writes no log meanwhile. Once try 1 has written two marks, the worker running it is
+    SIGKILLed. The driver then waits for a final run state (at least 150 s) and for try 1's task
+    process to be gone, and reads the marks (``tools.e2e.orphan``): how long try 1 went on
+    marking after the kill, when try 2 began, and how long both were marking at once. It passes
+    only if they never overlapped and the run ended ``success``. Not in the default set (it adds
+    a minute and a half, and runs into its deadline on the unpatched base, which retries only
+    after the task heartbeat timeout): ask for it with ``--scenario kill-orphan``.
 
 Every process the session starts is stopped by pid, on success and failure alike. The JSON
 report goes to ``build/e2e/report.json`` (and a timestamped copy); each stack's logs stay in
@@ -46,17 +56,44 @@ from functools import partial
 from pathlib import Path
 
 from tools import pins
-from tools.e2e import procfs
-from tools.e2e.judge import Kill, judge
+from tools.e2e import orphan, procfs
+from tools.e2e.judge import N_TASKS, Kill, judge
 from tools.e2e.stack import AirflowStack, Postgres, StackConfig, StackError, tail
 from tools.e2e.timeline import format_timeline, rows_from_api, summarize
 from tools.e2e.watch import Json, RestApi, RunWatcher, TaskSnap, WatchResult
 from tools.errors import ToolError
 from tools.layout import DEFAULT as LAYOUT
 
-DAG_FILE = LAYOUT.root / "tests" / "e2e" / "dags" / "lepatch_e2e.py"
+DAGS_DIR = LAYOUT.root / "tests" / "e2e" / "dags"
+DAG_FILE = DAGS_DIR / "lepatch_e2e.py"
 DAG_ID = "lepatch_e2e"
-SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader")
+SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader", "kill-orphan")
+# What runs when no --scenario is given: every scenario but kill-orphan (see above).
+DEFAULT_SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader")
+
+# kill-orphan: the task marks for ORPHAN_SECONDS, its try 1 is killed after ORPHAN_MARKS_BEFORE_KILL
+# marks, and the run gets at least ORPHAN_DEADLINE seconds (the retry alone runs ORPHAN_SECONDS).
+ORPHAN_SECONDS = 40
+ORPHAN_MARKS_BEFORE_KILL = 2
+ORPHAN_DEADLINE = 150.0
+MARKS_ENV = "LEPATCH_E2E_MARKS"
+
+
+@dataclass(frozen=True)
+class DagSpec:
+    file: Path
+    dag_id: str
+    n_tasks: int
+
+
+MAIN_DAG = DagSpec(DAG_FILE, DAG_ID, N_TASKS)
+ORPHAN_DAG = DagSpec(DAGS_DIR / "lepatch_e2e_orphan.py", "lepatch_e2e_orphan", 1)
+DAG_OF: dict[str, DagSpec] = {"kill-orphan": ORPHAN_DAG}
+
+
+def scenario_deadline(name: str, deadline: float) -> float:
+    """The deadline a scenario runs with: --deadline, raised to ORPHAN_DEADLINE for kill-orphan."""
+    return max(deadline, ORPHAN_DEADLINE) if name == "kill-orphan" else deadline
 
 
 # -- options and results -----------------------------------------------------------------------
@@ -100,15 +137,26 @@ class Run:
     """One scenario's live context: stack, watcher, the driver's own events."""
 
     def __init__(
-        self, name: str, stack: AirflowStack, api: RestApi, opts: Options, say: Callable[[str], None]
+        self,
+        name: str,
+        stack: AirflowStack,
+        api: RestApi,
+        opts: Options,
+        say: Callable[[str], None],
+        dag: DagSpec = MAIN_DAG,
+        deadline: float | None = None,
+        marks: Path | None = None,
     ):
         self.name = name
         self.stack = stack
         self.api = api
         self.opts = opts
         self.say = say
+        self.dag = dag
+        self.deadline = opts.deadline if deadline is None else deadline
+        self.marks = marks  # kill-orphan's marks file
         self.run_id = f"e2e-{name}"
-        self.watcher = RunWatcher(api, DAG_ID, self.run_id)
+        self.watcher = RunWatcher(api, dag.dag_id, self.run_id)
         self.events: list[tuple[float, str]] = []
         self.kill: Kill | None = None
         self.done = threading.Event()
@@ -123,7 +171,7 @@ class Run:
         self.say(f"  {t:+8.2f}  {text}")
 
     def remaining(self) -> float:
-        return self.opts.deadline - self.t()
+        return self.deadline - self.t()
 
     def snap_for(self, ti_id: str) -> TaskSnap | None:
         last = self.watcher.last
@@ -132,7 +180,7 @@ class Run:
     def fresh_snap_for(self, ti_id: str) -> TaskSnap | None:
         """Ask the API now rather than trust the watcher's last poll."""
         try:
-            tis = self.api.task_instances(DAG_ID, self.run_id)
+            tis = self.api.task_instances(self.dag.dag_id, self.run_id)
         except (OSError, ValueError, KeyError):
             return self.snap_for(ti_id)
         d = next((d for d in tis if d.get("id") == ti_id), None)
@@ -248,6 +296,92 @@ def kill_idle_reader(run: Run) -> None:
     run.say(f"  SIGKILL idle worker {holder.pid} {what} (wchan {holder.wchan}; workers {table})")
 
 
+def kill_orphan(run: Run) -> None:
+    """Once try 1 has marked a few times, SIGKILL the worker whose child is that task process."""
+    assert run.marks is not None
+    sched = run.stack.scheduler_pid
+    while not run.done.is_set() and run.remaining() > 0:
+        first = orphan.of_try(orphan.read_marks(run.marks), 1)
+        if len(first) < ORPHAN_MARKS_BEFORE_KILL:
+            time.sleep(0.05)
+            continue
+        lineage = _ancestors(first[-1].pid)
+        for w in procfs.workers_of(sched):
+            if not w.busy_with or w.pid not in lineage:
+                continue
+            ts = run.fresh_snap_for(w.busy_with)
+            kill_wall = time.time()
+            t_kill = run.t()
+            procfs.send(w.pid, signal.SIGKILL)
+            run.kill = Kill(
+                t_kill,
+                w.pid,
+                ts.task_id if ts else None,
+                w.busy_with,
+                ts.try_number if ts else 1,
+                ts.state if ts else None,
+                f"after {len(first)} marks of try 1; task process {','.join(map(str, w.children))}",
+            )
+            run.extra.update(
+                kill_wall=kill_wall,
+                killed_worker=w.pid,
+                killed_task_pids=list(w.children),
+            )
+            run.event(
+                f"SIGKILL worker {w.pid} while it ran {ts.task_id if ts else w.busy_with} "
+                f"try {ts.try_number if ts else '?'} (API: {ts.state if ts else '?'}; "
+                f"task pid {','.join(map(str, w.children))}, {len(first)} marks so far)",
+                t_kill,
+            )
+            return
+        time.sleep(0.05)
+    run.event("try 1 of the orphan task was never caught marking under a worker before the deadline")
+
+
+def measure_orphan(run: Run, final: bool, run_state: str | None) -> list[str]:
+    """After the run: wait for try 1's task process to be gone, then judge the marks file."""
+    assert run.marks is not None
+    kill_wall = run.extra.get("kill_wall")
+    if run.kill is None or kill_wall is None:
+        return orphan.judge_marks(None, final, run_state)
+    pids = [int(p) for p in run.extra.get("killed_task_pids", [])]
+    # An orphan marks until its body ends, ORPHAN_SECONDS after it started; give it that, and a bit.
+    give_up = time.monotonic() + max(0.0, float(kill_wall) + ORPHAN_SECONDS + 5 - time.time())
+    alive = _alive(pids)
+    while alive and time.monotonic() < give_up:
+        time.sleep(0.5)
+        alive = _alive(pids)
+    fig = orphan.figures(orphan.read_marks(run.marks), float(kill_wall), run.kill.try_number or 1)
+    run.extra["orphan"] = fig.as_json()
+    run.extra["killed_task_pids_alive_at_end"] = alive
+    run.extra["orphan_summary"] = fig.text()
+    run.event(f"marks: {fig.text()}" + (f"; task pids {alive} still alive" if alive else ""))
+    return orphan.judge_marks(fig, final, run_state)
+
+
+def _ancestors(pid: int) -> list[int]:
+    """``pid``'s parent, grandparent, ... up to init; empty when ``pid`` is gone."""
+    out: list[int] = []
+    while pid > 1 and len(out) < 64:
+        try:
+            pid = procfs.stat(pid).ppid
+        except procfs.ProcGone:
+            break
+        out.append(pid)
+    return out
+
+
+def _alive(pids: Iterable[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if procfs.stat(pid).state != "Z":
+                out.append(pid)
+        except procfs.ProcGone:
+            pass
+    return out
+
+
 def sigterm_scheduler(run: Run) -> str | None:
     """SIGTERM the scheduler; a failure line if it is still there after --stop-bound seconds."""
     proc = run.stack.procs["scheduler"]
@@ -288,7 +422,11 @@ def _wchan_or_gone(pid: int) -> str:
         return "gone"
 
 
-DURING: dict[str, Callable[[Run], None]] = {"kill-running": kill_running, "kill-queued": kill_queued}
+DURING: dict[str, Callable[[Run], None]] = {
+    "kill-running": kill_running,
+    "kill-queued": kill_queued,
+    "kill-orphan": kill_orphan,
+}
 BEFORE: dict[str, Callable[[Run], None]] = {"kill-idle-reader": kill_idle_reader}
 
 
@@ -307,18 +445,25 @@ class ScenarioRunner:
 
     def run(self, name: str) -> ScenarioResult:
         home = self.workdir / name
+        dag = DAG_OF.get(name, MAIN_DAG)
+        deadline = scenario_deadline(name, self.opts.deadline)
+        marks = home / "orphan-marks.txt" if name == "kill-orphan" else None
+        extra_env = (
+            {MARKS_ENV: str(marks), "LEPATCH_E2E_ORPHAN_SECONDS": str(ORPHAN_SECONDS)} if marks else {}
+        )
         cfg = StackConfig(
             venv=self.venv_path,
             home=home,
-            dag_file=DAG_FILE,
+            dag_file=dag.file,
             db_url=self.pg.new_database() if self.pg else None,
             parallelism=self.opts.parallelism,
             task_seconds=self.opts.task_seconds,
+            extra_env=extra_env,
         )
         stack = AirflowStack(cfg, self.say)
         api = RestApi(stack.api)
-        run = Run(name, stack, api, self.opts, self.say)
-        timings: dict[str, float | None] = {}
+        run = Run(name, stack, api, self.opts, self.say, dag=dag, deadline=deadline, marks=marks)
+        timings: dict[str, float | None] = {"deadline_s": deadline}
         failures: list[str] = []
         watch: WatchResult | None = None
         health = None
@@ -327,14 +472,13 @@ class ScenarioRunner:
         tries: dict[str, list[Json]] = {}
         t0_wall = datetime.now(timezone.utc)
         self.say(
-            f"\n== {name} ({self.opts.db}, parallelism {self.opts.parallelism}, "
-            f"deadline {self.opts.deadline:g} s)"
+            f"\n== {name} ({self.opts.db}, parallelism {self.opts.parallelism}, deadline {deadline:g} s)"
         )
         try:
             t_launch = time.monotonic()
             stack.launch()
             timings["migrate_s"] = round((stack.launched_at or t_launch) - t_launch, 2)
-            timings["ready_s"] = round(stack.wait_ready(DAG_ID), 2)
+            timings["ready_s"] = round(stack.wait_ready(dag.dag_id), 2)
             self.say(
                 f"  stack ready {timings['ready_s']:.1f} s after launch "
                 f"(db migrate {timings['migrate_s']:.1f} s), "
@@ -350,9 +494,10 @@ class ScenarioRunner:
                 run.events.append(
                     (run.kill.t, f"SIGKILL {run.kill.detail.split(';')[0]} (pid {run.kill.pid})")
                 )
-            stack.airflow("dags", "trigger", DAG_ID, "--run-id", run.run_id)
+            stack.airflow("dags", "trigger", dag.dag_id, "--run-id", run.run_id)
             run.event(
-                f"airflow dags trigger {DAG_ID} --run-id {run.run_id} (returned after {run.t():.1f} s)", 0.0
+                f"airflow dags trigger {dag.dag_id} --run-id {run.run_id} (returned after {run.t():.1f} s)",
+                0.0,
             )
             watch = self._watch(run, failures)
             timings["run_s"] = round(watch.elapsed, 2) if watch.final else None
@@ -367,13 +512,15 @@ class ScenarioRunner:
             h = _health_text(health)
             run.event(f"health endpoint: {h}")
             tasks = {ts.task_id: ts for ts in (watch.last.tasks.values() if watch.last else [])}
-            tis = _safe(partial(api.task_instances, DAG_ID, run.run_id))
+            tis = _safe(partial(api.task_instances, dag.dag_id, run.run_id))
             if tis:
                 tasks = {d["task_id"]: TaskSnap.from_api(d) for d in tis}
             for task_id, ts in tasks.items():
                 if ts.try_number > 1 or (run.kill and run.kill.task_id == task_id):
-                    tries[task_id] = _safe(partial(api.tries, DAG_ID, run.run_id, task_id))
-            failures += judge(name, watch, self.opts.deadline, tasks, tries, run.kill)
+                    tries[task_id] = _safe(partial(api.tries, dag.dag_id, run.run_id, task_id))
+            failures += judge(name, watch, deadline, tasks, tries, run.kill, n_tasks=dag.n_tasks)
+            if name == "kill-orphan":
+                failures += measure_orphan(run, watch.final, watch.run_state)
             if name == "kill-idle-reader":
                 problem = sigterm_scheduler(run)
                 if problem:
@@ -429,7 +576,7 @@ class ScenarioRunner:
     def _watch(self, run: Run, failures: list[str]) -> WatchResult:
         result: list[WatchResult] = []
         th = threading.Thread(
-            target=lambda: result.append(run.watcher.watch(self.opts.deadline, run.done)), daemon=True
+            target=lambda: result.append(run.watcher.watch(run.deadline, run.done)), daemon=True
         )
         th.start()
         try:
@@ -547,7 +694,8 @@ def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) 
         f"{'scenario':<18}{'result':<8}{'run':<10}{'ready':>7}{'run time':>10}  detail",
     ]
     for r in results:
-        run_t = f"{r.timings['run_s']:.1f}s" if r.timings.get("run_s") is not None else f">{opts.deadline:g}s"
+        deadline = r.timings.get("deadline_s") or opts.deadline
+        run_t = f"{r.timings['run_s']:.1f}s" if r.timings.get("run_s") is not None else f">{deadline:g}s"
         ready = f"{r.timings['ready_s']:.1f}s" if r.timings.get("ready_s") is not None else "-"
         detail = r.failures[0] if r.failures else ", ".join(f"{n} {s}" for s, n in r.counts.items())
         if len(detail) > 110:
@@ -556,4 +704,7 @@ def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) 
             f"{r.name:<18}{'PASS' if r.passed else 'FAIL':<8}{(r.run_state or '-'):<10}"
             f"{ready:>7}{run_t:>10}  {detail}"
         )
+    for r in results:
+        if r.extra.get("orphan_summary"):
+            lines.append(f"{r.name}: {r.extra['orphan_summary']}")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from tools.e2e.watch import Json, TaskSnap, WatchResult
 
-# Task instances of tests/e2e/dags/lepatch_e2e.py.
+# Task instances of tests/e2e/dags/lepatch_e2e.py (lepatch_e2e_orphan.py has one).
 N_TASKS = 30
 NOT_DONE = frozenset(
     {None, "none", "scheduled", "queued", "running", "up_for_retry", "restarting", "deferred"}
@@ -42,7 +42,7 @@ def judge(
     """Why the scenario failed, one line per reason; empty when it passed."""
     failures: list[str] = []
     killed = kill.task_id if kill else None
-    if scenario in ("kill-running", "kill-queued") and kill is None:
+    if scenario in ("kill-running", "kill-queued", "kill-orphan") and kill is None:
         failures.append("the driver never killed a worker (see events)")
     if not watch.final:
         stuck = sorted(
@@ -67,7 +67,11 @@ def judge(
         again = sorted(ts.task_id for ts in tasks.values() if ts.try_number > 1)
         if again:
             failures.append(f"tasks retried in a clean run: {', '.join(again)}")
-    if scenario in ("clean", "kill-idle-reader") and watch.final and watch.run_state != "success":
+    if (
+        scenario in ("clean", "kill-idle-reader", "kill-orphan")
+        and watch.final
+        and watch.run_state != "success"
+    ):
         failures.append(f"run ended {watch.run_state}, expected success")
     if kill is not None and kill.task_id is not None:
         failures += _judge_killed(kill, tasks.get(kill.task_id), tries.get(kill.task_id, []), watch.final)

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from tools.e2e import cli
-from tools.e2e.driver import SCENARIOS, Options
+from tools.e2e.driver import DEFAULT_SCENARIOS, SCENARIOS, Options
 from tools.errors import ToolError
 
 
@@ -20,7 +20,8 @@ def _parse(*argv: str) -> Options:
 def test_defaults_are_the_full_series_on_the_primary_line() -> None:
     o = _parse()
     assert (o.line.name, o.stage, o.db, o.parallelism) == ("3.3", None, "sqlite", 8)
-    assert o.scenarios == list(SCENARIOS)
+    assert o.scenarios == list(DEFAULT_SCENARIOS)
+    assert "kill-orphan" in SCENARIOS and "kill-orphan" not in DEFAULT_SCENARIOS
 
 
 def test_options_repeatable_scenarios_and_versions() -> None:
