@@ -12,7 +12,20 @@ in the stage's venv, under the harness watchdog) and ``check`` judges each obser
 - no result attributed to the wrong key: a failing task's exception carries a token
   naming its own key, and each key must end in the state its schedule says (a key that
   was never disturbed and is reported failed without its token was misattributed);
-- ``end()`` returns within a bound.
+- ``end()`` returns within a bound;
+- no orphaned task process: every task runs, as under task-sdk's ``supervise``, in a task
+  process its worker forks and waits for. Bound: 0. When a key's terminal state is reported
+  (``change_state`` is entered: a killed worker's key reported failed as lost, or any other
+  report) every task process of that key is dead (gone from ``/proc``, or a zombie: Z or X),
+  and once ``end()`` has returned no task process of the run is alive. The tolerance is 0,
+  not a grace period: patch 0009 SIGKILLs what a dead worker left and waits, by pidfd, until
+  it has exited before it fails the key, and the probe looks at ``/proc`` after that wait
+  (a killed process shows Z or X, or is gone, from its exit on); a worker that was not
+  killed has waited for its task process before it reports. A violation says how long the
+  orphan ran on after the report when it ended by itself. Only the stages from the one of
+  patch ``0009-kill-a-dead-localexecutor-workers-task-processes`` on (found by that name
+  in ``patches/series``) claim this invariant: earlier stages leave a killed worker's task
+  process running, so there the violations are counted and shown, marked, and fail nothing.
 
 The schedule is exact on replay (``--replay SEED:RUN``); the instant a fault lands relative
 to the executor's work is up to the OS, so a timing-dependent failure may need a few replays.
@@ -38,6 +51,7 @@ from tools.bench import Stage, load_stages, parse_stages, run_probe, stage_pytho
 from tools.errors import ToolError
 from tools.layout import DEFAULT, Layout
 from tools.pins import Line
+from tools.series import read_series_names
 
 PROBE = Path(__file__).resolve().parent / "chaos_probe.py"
 DEFAULT_SEED = 2026
@@ -45,6 +59,10 @@ DEFAULT_RUNS = 6
 KILLS = ("kill_idle", "kill_running", "kill_writing")
 KINDS = (*KILLS, "sigterm")
 KIB = 1024
+# The patch from whose stage on no task process outlives its worker (found in patches/series by this name).
+ORPHANS_PATCH = "kill-a-dead-localexecutor-workers-task-processes"
+DEAD_STATES = ("gone", "Z", "X")  # a task process in /proc: not there (or its pid reused), a zombie, dead
+ORPHANS_BOUND = "task process dead when its key's terminal state was reported, and after end() returned"
 
 
 # --------------------------------------------------------------------------------------
@@ -137,10 +155,14 @@ class Verdict:
     misattributed: list[str] = field(default_factory=list)
     end_slow: str = ""
     error: str = ""
+    orphans: list[str] = field(default_factory=list)
+    orphans_judged: bool = False  # the observation recorded task processes
+    orphans_claimed: bool = True  # the stage claims no orphaned task process (patch 0009 on)
 
     @property
     def ok(self) -> bool:
-        return not (self.hang or self.lost or self.misattributed or self.end_slow or self.error)
+        broken = self.hang or self.lost or self.misattributed or self.end_slow or self.error
+        return not (broken or (self.orphans and self.orphans_claimed))
 
     @property
     def ref(self) -> str:
@@ -151,6 +173,8 @@ class Verdict:
         out += [f"lost: {x}" for x in self.lost]
         out += [f"misattributed: {x}" for x in self.misattributed]
         out += [x for x in (self.end_slow, self.error) if x]
+        if self.orphans_claimed:
+            out += [f"orphan: {x}" for x in self.orphans]
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -163,12 +187,49 @@ class Verdict:
             "misattributed": self.misattributed,
             "end_slow": self.end_slow,
             "error": self.error,
+            "orphans": self.orphans,
+            "orphans_claimed": self.orphans_claimed,
         }
 
 
-def check(sched: dict[str, Any], obs: dict[str, Any]) -> Verdict:
-    """Judge one observation of ``sched`` (see the module docstring for the invariants)."""
-    v = Verdict(sched["seed"], sched["run"])
+def orphans_claimed_from(series_names: Sequence[str]) -> int | None:
+    """The first stage that claims no orphaned task process: that of patch ORPHANS_PATCH; None without it."""
+    for i, name in enumerate(series_names):
+        if ORPHANS_PATCH in name:
+            return i + 1  # stage k = base + the first k patches
+    return None
+
+
+def orphaned_task_processes(obs: dict[str, Any]) -> list[str] | None:
+    """The task processes alive when their key was reported, or after end(); None if none were recorded."""
+    if "at_report" not in obs and "after_end" not in obs:
+        return None
+    ended = {(task, pid): t for task, pid, t in obs.get("task_exits", [])}
+    out = []
+    for task, pid, state, when, proc in obs.get("at_report", []):
+        if proc in DEAD_STATES:
+            continue
+        end = ended.get((task, pid))
+        if end is None:
+            after = "; it was still running when the run was over"
+        elif end >= when:
+            after = f"; it ran on {1000 * (end - when):.0f} ms more"
+        else:  # its exit mark is written just before it exits
+            after = "; it was exiting by itself"
+        out.append(f"{task}: task process {pid} alive ({proc}) when the key was reported {state}{after}")
+    for task, pid, proc in obs.get("after_end", []):
+        if proc not in DEAD_STATES:
+            out.append(f"{task}: task process {pid} alive ({proc}) after end() returned")
+    return out
+
+
+def check(sched: dict[str, Any], obs: dict[str, Any], orphans_claimed: bool = True) -> Verdict:
+    """Judge one observation of ``sched`` (see the module docstring for the invariants).
+
+    ``orphans_claimed``: whether the stage claims that no task process outlives its worker
+    (stages before patch 0009 do not: their orphans are counted, and fail nothing).
+    """
+    v = Verdict(sched["seed"], sched["run"], orphans_claimed=orphans_claimed)
     v.faults = [f for f in obs.get("faults", []) if "skipped" not in f]
     if obs.get("hang"):
         v.hang = obs["hang"] if obs["hang"].startswith(("hang", "error")) else f"hang: {obs['hang']}"
@@ -232,6 +293,9 @@ def check(sched: dict[str, Any], obs: dict[str, Any]) -> Verdict:
     end_s = obs.get("end_s")
     if end_s is not None and end_s > sched["end_bound_s"]:
         v.end_slow = f"end() took {end_s:.1f}s, bound {sched['end_bound_s']:g}s"
+    orphans = orphaned_task_processes(obs)
+    v.orphans_judged = orphans is not None
+    v.orphans = orphans or []
     return v
 
 
@@ -271,6 +335,22 @@ class StageSummary:
         return sum(1 for v in self.verdicts if v.error)
 
     @property
+    def orphans(self) -> int:
+        return sum(len(v.orphans) for v in self.verdicts)
+
+    @property
+    def orphans_judged(self) -> bool:
+        return any(v.orphans_judged for v in self.verdicts)
+
+    @property
+    def orphans_claimed(self) -> bool:
+        return all(v.orphans_claimed for v in self.verdicts)
+
+    @property
+    def orphans_runs(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.orphans]
+
+    @property
     def ok(self) -> bool:
         return all(v.ok for v in self.verdicts)
 
@@ -289,12 +369,21 @@ class StageSummary:
             "misattributed_keys": self.misattributed,
             "end_over_bound": self.end_slow,
             "errors": self.errors,
+            "orphan_task_processes": self.orphans,
+            "orphans_judged_runs": sum(1 for v in self.verdicts if v.orphans_judged),
+            "orphans_claimed": self.orphans_claimed,
             "seconds": round(self.seconds, 1),
             "verdicts": [v.to_json() for v in self.verdicts],
         }
 
 
 def render(summaries: Sequence[StageSummary]) -> str:
+    """The table; its ``orphans`` column only when some observation recorded task processes.
+
+    (An observation without them, from a probe before task processes, judges nothing: a 0 there would
+    claim what was never looked at.) A count marked ``*`` is of a stage that does not claim the invariant.
+    """
+    orphans = any(s.orphans_judged for s in summaries)
     header = [
         "stage",
         "runs",
@@ -304,6 +393,7 @@ def render(summaries: Sequence[StageSummary]) -> str:
         "misattr",
         "end>bound",
         "errors",
+        *(["orphans"] if orphans else []),
     ]
     body = []
     for s in summaries:
@@ -319,12 +409,26 @@ def render(summaries: Sequence[StageSummary]) -> str:
                 str(s.misattributed),
                 str(s.end_slow),
                 str(s.errors),
+                *([f"{s.orphans}{'' if s.orphans_claimed else '*'}"] if orphans else []),
             ]
         )
     widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in body]
     return "\n".join(lines)
+
+
+def render_orphans_note(summaries: Sequence[StageSummary], claimed_from: int | None) -> str:
+    """What the orphans column counts, its bound, and which stages claim it."""
+    since = (
+        f"claimed from stage {claimed_from} (patch *{ORPHANS_PATCH}*) on"
+        if claimed_from is not None
+        else f"claimed by no stage (no patch *{ORPHANS_PATCH}* in patches/series)"
+    )
+    note = f"orphans: task processes not dead when due (bound 0, tolerance 0: {ORPHANS_BOUND}); {since}"
+    if any(not s.orphans_claimed for s in summaries):
+        note += "; * = a stage before it: counted, not failing"
+    return note
 
 
 # --------------------------------------------------------------------------------------
@@ -338,6 +442,7 @@ def play(
     schedules: list[dict[str, Any]],
     layout: Layout = DEFAULT,
     stuck_after: float = 1.5,
+    orphans_claimed: bool = True,
 ) -> tuple[list[Verdict], list[dict[str, Any]]]:
     """Play ``schedules`` on one stage; return the verdicts and the raw observations."""
     python = stage_python(line, stage, layout)
@@ -358,7 +463,7 @@ def play(
         obs = by_run.get(
             sched["run"], {"run": sched["run"], "hang": "error: the probe returned nothing for it"}
         )
-        verdicts.append(check(sched, obs))
+        verdicts.append(check(sched, obs, orphans_claimed))
     return verdicts, [by_run.get(s["run"], {}) for s in schedules]
 
 
@@ -370,6 +475,7 @@ def run_chaos(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
     line = pins.get_line(args.line) if args.line else pins.PRIMARY
     wanted = parse_stages(args.stages)
     stages = load_stages(line, wanted)
+    claimed_from = orphans_claimed_from(read_series_names(layout.series_file))
     if wanted is not None and 0 not in wanted:
         stages = [s for s in stages if s.k != 0]  # base is only forced in for bench's ratios
     if args.replay:
@@ -385,10 +491,12 @@ def run_chaos(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
 
     def soak(stage: Stage) -> tuple[StageSummary, list[dict[str, Any]]]:
         t0 = time.monotonic()
-        verdicts, observations = play(line, stage, schedules, layout)
+        claimed = claimed_from is not None and stage.k >= claimed_from
+        verdicts, observations = play(line, stage, schedules, layout, orphans_claimed=claimed)
         summary = StageSummary(stage, verdicts, time.monotonic() - t0)
         print(
             f"stage {stage.short:>4}: {len(verdicts)} runs, {len(summary.failing)} failing, "
+            f"{summary.orphans} orphaned task processes{'' if claimed else ' (not claimed)'}, "
             f"{summary.seconds:.0f}s",
             file=sys.stderr,
         )
@@ -406,6 +514,9 @@ def run_chaos(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
                 print(f"  stage {summary.stage.short}: faults fired: {json.dumps(v.faults)}")
                 for problem in v.problems() or ["ok"]:
                     print(f"  stage {summary.stage.short}: {problem}")
+                if not v.orphans_claimed:
+                    for orphan in v.orphans:
+                        print(f"  stage {summary.stage.short}: orphan (not claimed before 0009): {orphan}")
     seconds = time.monotonic() - started
     print(
         f"\nchaos {line.name} ({line.version}): "
@@ -413,6 +524,8 @@ def run_chaos(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
         + f", {seconds:.0f}s\n"
     )
     print(render(summaries))
+    if any(s.orphans_judged for s in summaries):
+        print(render_orphans_note(summaries, claimed_from))
     print("\nstages: " + "; ".join(f"{s.stage.short} = {s.stage.title}" for s in summaries))
     for s in summaries:
         for v in s.failing[: args.show]:
@@ -425,6 +538,12 @@ def run_chaos(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
             print(f"    replay: {_replay_command(line, s.stage, v.ref)}")
         if len(s.failing) > args.show:
             print(f"\n[{s.stage.short}] {len(s.failing) - args.show} more failing runs in the JSON")
+        if not s.orphans_claimed and s.orphans_runs:
+            # Not failures on this stage, but what the invariant would catch: show a few.
+            for v in s.orphans_runs[: args.show]:
+                print(f"\n[{s.stage.short}] run {v.ref}: orphan (not claimed before 0009): {v.orphans[0]}")
+                if len(v.orphans) > 1:
+                    print(f"    ... {len(v.orphans) - 1} more in this run")
     name = f"{line.name}-replay-{args.replay.replace(':', '-')}" if args.replay else line.name
     out = args.json or layout.build / "chaos" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

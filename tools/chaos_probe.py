@@ -19,6 +19,16 @@ child process group under the harness's deadlock watchdog). Inside, every run:
   (the handler raises SystemExit, as the scheduler's does) in the middle of a batch;
 - then times ``end()``.
 
+Every task runs the way task-sdk's ``supervise`` does: the worker forks a quiet task process
+that does the task's work (the sleep) and waits for it. The task process is named, by itself
+and by its worker as soon as each can, by a file ``TASK.PID.STARTTIME.proc`` in the run's process
+directory (STARTTIME from ``/proc/PID/stat``, so a reused pid is never taken for it), and
+leaves ``TASK.PID.MONOTONIC_US.exit`` when it ends by itself. When a key is reported in a
+terminal state (``change_state``, on entry), the state of each of its task processes in
+``/proc`` is recorded (``at_report``), and so is the state of every task process once
+``end()`` has returned (``after_end``): ``tools.chaos.check`` judges whether one outlived
+its worker.
+
 Fired faults and finished runs are appended to a progress file as they happen, so a run
 the watchdog kills still shows its faults, and the remaining runs go on in a fresh child.
 """
@@ -67,16 +77,51 @@ WRITE_WCHANS = ("pipe_write", "anon_pipe_write", "pipe_wait_writable")
 # --------------------------------------------------------------------------------------
 
 
+def proc_state(pid: int, starttime: str) -> str:
+    """Process ``pid``'s state in ``/proc`` (R, S, D, Z, X, ...); "gone" if that process is not there."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # fields[19] is the start time: another process that got the pid since is not this one.
+    return fields[0] if fields[19] == starttime else "gone"
+
+
+def _starttime(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2 :].split()[19]
+
+
+def _task_process(procs: str, task: str, sleep_ms: int) -> None:
+    """The task process: quiet (nothing to the worker), does the task's work, notes when it ends by itself."""
+    try:
+        me = os.getpid()
+        Path(procs, f"{task}.{me}.{_starttime(me)}.proc").touch()  # the worker may be killed before it does
+        if sleep_ms:
+            time.sleep(sleep_ms / 1000)
+        Path(procs, f"{task}.{me}.{int(time.monotonic() * 1e6)}.exit").touch()
+    finally:
+        os._exit(0)
+
+
 def chaos_run(workload: Any) -> None:
-    """Act out ``executor_config["fake"]["chaos"]``: mark start, sleep, mark done, maybe fail with a token."""
+    """Act out the ``chaos`` fake: mark start, fork a task process, wait for it, mark done, maybe fail."""
     spec = (workload.ti.executor_config or {}).get("fake", {}).get("chaos")
     if spec is None:
         harness_fake_run(workload)
         return
     task, pid = workload.ti.task_id, os.getpid()
+    # Started first, as before task processes: until then the injector takes this worker for idle.
     Path(spec["dir"], f"{task}.{pid}.start").touch()
-    if spec["sleep_ms"]:
-        time.sleep(spec["sleep_ms"] / 1000)
+    # As supervise: the task process is a child of the worker, in the worker's session and group.
+    child = os.fork()
+    if child == 0:
+        _task_process(spec["procs"], task, spec["sleep_ms"])
+    # The task process names itself too, at once: this is for a task process that is quick to exit
+    # (its start time stays readable until it is waited for).
+    Path(spec["procs"], f"{task}.{child}.{_starttime(child)}.proc").touch()
+    os.waitpid(child, 0)
     Path(spec["dir"], f"{task}.{pid}.done").touch()
     if spec["fail_bytes"]:
         # The token ties the result to the key it was produced for; the rest sizes the result.
@@ -144,15 +189,16 @@ def hook_result_unpickling(seen: list[list[Any]]) -> None:
     ForkingPickler.loads = staticmethod(loads)
 
 
-def record_change_state(executor: Any, events: list[list[Any]], t0: float) -> None:
+def record_change_state(executor: Any, events: list[list[Any]], t0: float, on_terminal: Any = None) -> None:
     """Record every state change of ``executor``'s keys, however the executor reaches it.
 
     At BaseExecutor, not on the instance: from patch 2 on, LocalExecutor ends a dispatch with
-    ``super().change_state(...)``, which an instance attribute would never see.
+    ``super().change_state(...)``, which an instance attribute would never see. A terminal state
+    is passed to ``on_terminal(task_id, state, t)`` first, before the executor records it.
     """
     from airflow.executors.base_executor import BaseExecutor
 
-    executor._lepatch_record = (events, t0)
+    executor._lepatch_record = (events, t0, on_terminal)
     if getattr(BaseExecutor.change_state, "_lepatch_recorder", False):
         return
     original = BaseExecutor.change_state
@@ -161,9 +207,19 @@ def record_change_state(executor: Any, events: list[list[Any]], t0: float) -> No
         record = getattr(self, "_lepatch_record", None)
         if record is not None:
             info = args[0] if args else kwargs.get("info")
-            record[0].append(
-                [harness.label(key), str(state), _token(info), round(time.monotonic() - record[1], 4)]
-            )
+            events, t0, on_terminal = record
+            task, when = harness.label(key), round(time.monotonic() - t0, 4)
+            deferred = False
+            if on_terminal is not None and str(state) in TERMINAL:
+                try:
+                    on_terminal(task, str(state), when)
+                except SystemExit:
+                    # A SIGTERM while the probe looked: the executor must not lose the report for it.
+                    deferred = True
+            events.append([task, str(state), _token(info), when])
+            if deferred:
+                original(self, key, state, *args, **kwargs)
+                raise SystemExit(0)
         return original(self, key, state, *args, **kwargs)
 
     change_state._lepatch_recorder = True  # type: ignore[attr-defined]
@@ -207,6 +263,41 @@ def markers(directory: str) -> tuple[list[list[Any]], list[list[Any]]]:
         task, pid, what = name.rsplit(".", 2)
         (started if what == "start" else done).append([task, int(pid)])
     return started, done
+
+
+class TaskProcesses:
+    """The task processes of one run, as named in its process directory; their states, when asked."""
+
+    def __init__(self, directory: str, t0: float) -> None:
+        self.directory = directory
+        self.t0 = t0
+        self.at_report: list[list[Any]] = []  # [task, pid, state reported, t, process state]
+
+    def of(self, task: str | None = None) -> list[tuple[str, int, str]]:
+        """(task, pid, start time) of each task process named so far (of ``task`` only, if given)."""
+        out = []
+        for name in os.listdir(self.directory):
+            owner, pid, starttime, kind = name.rsplit(".", 3)
+            if kind == "proc" and (task is None or owner == task):
+                out.append((owner, int(pid), starttime))
+        return sorted(set(out))
+
+    def on_terminal(self, task: str, state: str, when: float) -> None:
+        for owner, pid, starttime in self.of(task):
+            self.at_report.append([owner, pid, state, when, proc_state(pid, starttime)])
+
+    def states(self) -> list[list[Any]]:
+        """[task, pid, process state] of every task process, now."""
+        return [[task, pid, proc_state(pid, starttime)] for task, pid, starttime in self.of()]
+
+    def exits(self) -> list[list[Any]]:
+        """[task, pid, t] of the task processes that ended by themselves (not killed)."""
+        out = []
+        for name in os.listdir(self.directory):
+            task, pid, micros, kind = name.rsplit(".", 3)
+            if kind == "exit":
+                out.append([task, int(pid), round(int(micros) / 1e6 - self.t0, 4)])
+        return sorted(out)
 
 
 class Injector(threading.Thread):
@@ -282,13 +373,14 @@ def _append(progress: str, record: dict[str, Any]) -> None:
 def run_one(sched: dict[str, Any], progress: str, watch: Any) -> dict[str, Any]:
     run = sched["run"]
     marker_dir = tempfile.mkdtemp(prefix="lepatch-chaos-")
-    workloads = [
-        harness.make_workload(
-            t["task_id"],
-            pad=t["pad"],
-            fake={"chaos": {"dir": marker_dir, "sleep_ms": t["sleep_ms"], "fail_bytes": t["fail_bytes"]}},
-        )
+    procs_dir = tempfile.mkdtemp(prefix="lepatch-chaos-procs-")
+    chaos_specs = [
+        {"dir": marker_dir, "procs": procs_dir, "sleep_ms": t["sleep_ms"], "fail_bytes": t["fail_bytes"]}
         for t in sched["tasks"]
+    ]
+    workloads = [
+        harness.make_workload(t["task_id"], pad=t["pad"], fake={"chaos": spec})
+        for t, spec in zip(sched["tasks"], chaos_specs, strict=True)
     ]
     for workload in workloads:
         harness.key_of(workload)  # so events and results name their task on every line
@@ -309,7 +401,9 @@ def run_one(sched: dict[str, Any], progress: str, watch: Any) -> dict[str, Any]:
     t0 = time.monotonic()
     watch.arm(sched["budget_s"] + 5, "dispatch/sync loop")
     executor = harness.new_executor(parallelism)
-    record_change_state(executor, events, t0)
+    task_processes = TaskProcesses(procs_dir, t0)
+    obs["at_report"] = task_processes.at_report
+    record_change_state(executor, events, t0, task_processes.on_terminal)
     injector = Injector(sched["faults"], marker_dir, t0, record_fault)
     split = sched.get("late_from", len(workloads))
     pending = list(reversed(workloads[:split]))
@@ -369,9 +463,12 @@ def run_one(sched: dict[str, Any], progress: str, watch: Any) -> dict[str, Any]:
     except SystemExit:
         obs["end_error"] = "SystemExit during end() (a late SIGTERM)"
     obs["end_s"] = round(time.monotonic() - t_end, 3)
+    # At once: a task process end() left behind may still end by itself any moment.
+    obs["after_end"] = task_processes.states()
     watch.disarm()
     signal.signal(signal.SIGTERM, previous)
     obs["started"], obs["done"] = markers(marker_dir)
+    obs["task_exits"] = task_processes.exits()
     return obs
 
 
