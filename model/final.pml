@@ -1,5 +1,5 @@
 /*
- * The final stage (patches 8 and 9): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
+ * The final stage (patches 8 to 10): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
  * model/overlay.sha256 (review this model whenever that file changes, then `python -m tools model
  * --rehash`).
  *
@@ -7,7 +7,10 @@
  * goes only to an idle worker; results are read without blocking and a frame is delivered only once
  * complete; a dead worker is found by waitid(WNOWAIT) (_exited) and handled in _reap_workers: patch 9
  * first SIGKILLs what the worker started (its session), which touches no pipe or key and is not
- * modelled, then calls _reap_worker, modelled as one step as before. SIGKILL of any
+ * modelled, then calls _reap_worker, modelled as one step as before. Patch 10's handoff thread
+ * (reads results and sends pending workloads to idle workers, under the executor's lock, while the
+ * scheduler's thread waits) and its prefetch are NOT modelled: this model checks the protocol with
+ * one executor thread. SIGKILL of any
  * worker at any step (the Killer, up to KILLS times); SIGTERM of the executor while it writes a
  * workload (up to TERMS times): the scheduler's handler raises SystemExit inside the write, and the
  * scheduler then calls end(). With TERM_AFTER_WRITE the SystemExit may also come after the last byte,

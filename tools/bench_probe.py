@@ -381,7 +381,8 @@ def _install_loop_runner() -> None:
     """Replace the runner the harness installed, before the executor forks its workers (as harness does)."""
     from airflow.executors import local_executor
 
-    if harness.airflow_line() == "3.3":
+    # 3.3 and later run a workload through BaseExecutor.run_workload; 3.1 and 3.2 through _execute_work.
+    if harness.airflow_line() in ("3.3", "3.4"):
         from airflow.executors.base_executor import BaseExecutor
 
         def run_workload(workload: Any, **_: Any) -> int:

@@ -48,6 +48,21 @@ Once a worker has exited, for whatever reason, the executor SIGKILLs all of them
 are dead, and only then reaps the worker, fails the workload it held and frees its slot: the scheduler
 never runs a task again while an earlier copy still runs. Until it is reaped, the dead worker keeps
 its pid, so no unrelated process can have that session id; each process is signalled by pidfd.
+
+Workers are kept busy between scheduler loops. The scheduler reads ``slots_available`` before its
+heartbeat reads results, and sleeps ``scheduler_idle_sleep_time`` after a loop that did nothing, so a
+slot freed by a result nobody has read would wait up to that sleep and one more loop. So:
+
+- ``slots_available`` and ``slots_occupied`` first apply every result already waiting in the pipes
+  (read without blocking) and reap dead workers: a slot freed by now counts in this decision;
+- the executor accepts ``_prefetch`` workloads beyond ``parallelism`` (``prefetch_fraction`` of it).
+  They wait in the executor's deque, never in a pipe, and a handoff thread of the executor's process
+  sends one to a worker the moment that worker's terminal result is read, while the scheduler sleeps.
+  Workers still take one workload at a time, so at most ``parallelism`` tasks run. The thread only
+  reads results into ``_arrived`` (marking a worker idle when its terminal result comes) and writes
+  workloads to idle live workers, under ``_lock``; everything that changes what the scheduler sees
+  (``running``, the event buffer, failing a dead worker's key, reaping, starting workers) stays in the
+  scheduler's thread.
 """
 
 from __future__ import annotations
@@ -61,6 +76,7 @@ import select
 import signal
 import struct
 import sys
+import threading
 import time
 from collections import deque
 from multiprocessing.reduction import ForkingPickler
@@ -334,6 +350,10 @@ class LocalExecutor(BaseExecutor):
     # Dispatched workloads no worker could take yet, with the executor queue each was taken from.
     _pending: deque[tuple[ExecutorWorkload, dict]]
 
+    #: How many workloads the executor accepts beyond ``parallelism``, as a fraction of it (at least one):
+    #: they wait in the executor and start the moment a worker finishes, even while the scheduler sleeps.
+    prefetch_fraction: float = 0.5
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # The key of the one workload each busy worker was sent and has not finished, by worker pid,
@@ -341,6 +361,18 @@ class LocalExecutor(BaseExecutor):
         # is waiting on it.
         self._worker_tasks: dict[int, WorkloadKey] = {}
         self._dispatch_counts: dict[WorkloadKey, int] = {}
+        # Invariant: the handoff thread and the scheduler's thread touch ``workers``, the pipes,
+        # ``_worker_tasks``, ``_pending`` and ``_arrived`` only while holding it. Reentrant: reaping a
+        # worker applies its results, which may forget a pending workload.
+        self._lock = threading.RLock()
+        # Results read but not applied yet: (pid, key, state, exc, released). ``released``: it was its
+        # worker's terminal result for the key it held, and the worker was marked idle when it was read.
+        self._arrived: deque[tuple[int, WorkloadKey, WorkloadState | None, object, bool]] = deque()
+        self._prefetch = 0  # none until started: an executor that runs nothing accepts nothing extra
+        self._handoff: threading.Thread | None = None
+        self._handoff_stop = threading.Event()
+        self._wakeup_r: Connection | None = None
+        self._wakeup_w: Connection | None = None
 
         # Resolve the start method at instantiation, not at import: the component CLI entry may have
         # set it via [<component>]/[core] mp_start_method before the executor is created.
@@ -365,6 +397,7 @@ class LocalExecutor(BaseExecutor):
         self._inputs = {}
         self._outputs = {}
         self._pending = deque()
+        self._arrived = deque()
         self._worker_tasks.clear()
         self._dispatch_counts.clear()
 
@@ -373,14 +406,121 @@ class LocalExecutor(BaseExecutor):
             # to minimize gc freeze/unfreeze cycles when using fork in multiprocessing
             self._spawn_workers_with_gc_freeze(self.parallelism)
 
+        self._prefetch = max(1, round(self.parallelism * self.prefetch_fraction))
+        self._start_handoff()
+
+    @property
+    def slots_available(self):
+        """Free slots, counting every result that has arrived by now (read without blocking)."""
+        self._refresh()
+        return self.parallelism + self._prefetch - super().slots_occupied
+
+    @property
+    def slots_occupied(self):
+        """Occupied slots as the scheduler caps them against ``parallelism``: the prefetch room is not."""
+        self._refresh()
+        return max(0, super().slots_occupied - self._prefetch)
+
+    def trigger_tasks(self, open_slots: int) -> None:
+        # heartbeat() counts open slots as parallelism - running; queued workloads may use the prefetch room.
+        super().trigger_tasks(open_slots + self._prefetch)
+
+    def _refresh(self) -> None:
+        """Apply the results waiting in the pipes and reap dead workers, so a freed slot counts now."""
+        if self._handoff is not None:
+            self.sync()
+
+    def _start_handoff(self) -> None:
+        self._handoff_stop.clear()
+        # Non-blocking both ways: waking the thread never waits (a full pipe already means "look again").
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        self._wakeup_r = multiprocessing.connection.Connection(read_fd, writable=False)
+        self._wakeup_w = multiprocessing.connection.Connection(write_fd, readable=False)
+        self._handoff = threading.Thread(
+            target=self._handoff_loop, name="local-executor-handoff", daemon=True
+        )
+        self._handoff.start()
+
+    def _stop_handoff(self) -> None:
+        """Stop the handoff thread; from then on only the scheduler's thread dispatches (end, terminate)."""
+        thread = self._handoff
+        if thread is None:
+            return
+        self._handoff_stop.set()
+        self._wake_handoff()
+        # Bounded: end() may run in a signal handler that interrupted the scheduler's thread inside
+        # ``_lock``, which the thread may be waiting for; it checks the stop flag first thing once it has
+        # the lock, so it never touches the executor again either way.
+        thread.join(timeout=1.0)
+        self._handoff = None
+        self._prefetch = 0
+        for conn in (self._wakeup_r, self._wakeup_w):
+            if conn is not None:
+                conn.close()
+        self._wakeup_r = self._wakeup_w = None
+
+    def _wake_handoff(self) -> None:
+        """Make the handoff thread look again (a workload waits, or the set of workers changed)."""
+        if self._handoff is not None and self._wakeup_w is not None:
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._wakeup_w.fileno(), b"\0")
+
+    def _handoff_loop(self) -> None:
+        """
+        While a workload is pending, wait for results and give it to the first worker whose terminal result
+        is read. With nothing pending, only wait to be woken: the scheduler's thread reads results then.
+        """
+        wakeup = self._wakeup_r
+        if wakeup is None:
+            return
+        while not self._handoff_stop.is_set():
+            with self._lock:
+                conns = [o.conn for o in self._outputs.values() if not o.eof] if self._pending else []
+            # A pipe closed meanwhile (its worker was reaped) raises: look again.
+            with contextlib.suppress(OSError, ValueError):
+                multiprocessing.connection.wait([*conns, wakeup])
+            with self._lock:
+                if self._handoff_stop.is_set():
+                    return
+                with contextlib.suppress(BlockingIOError, OSError):
+                    while os.read(wakeup.fileno(), 4096):
+                        pass
+                try:
+                    self._collect()
+                    self._dispatch_pending(spawn=False)
+                except Exception:
+                    # Nothing is lost: what was not handed over is still pending for the scheduler's thread.
+                    self.log.exception("LocalExecutor handoff failed; pending workloads wait for sync()")
+
+    def _collect(self, pids: Collection[int] | None = None) -> None:
+        """Read every complete result waiting (never blocking); a terminal one makes its worker idle."""
+        for pid in list(self._outputs) if pids is None else pids:
+            for key, state, exc in self._outputs[pid].read():
+                released = state is not None and state != "running" and self._worker_tasks.get(pid) == key
+                if released:
+                    del self._worker_tasks[pid]
+                self._arrived.append((pid, key, state, exc, released))
+
+    def _apply_arrived(self) -> None:
+        """Apply the results read so far to what the scheduler sees (the scheduler's thread only)."""
+        while self._arrived:
+            pid, key, state, exc, released = self._arrived.popleft()
+            self._handle_result(pid, key, state, exc, released=released)
+
     def _check_workers(self):
         """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
-        self._read_results()
-        # waitid, not the sentinel or EOF: a task process the worker forked keeps both open after the
-        # worker itself is gone.
-        if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
-            self._reap_workers(dead)
-        self._dispatch_pending()
+        with self._lock:
+            self._read_results()
+            # waitid, not the sentinel or EOF: a task process the worker forked keeps both open after the
+            # worker itself is gone.
+            if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
+                self._reap_workers(dead)
+            self._dispatch_pending()
+            if self._pending:
+                # It waits for the next worker to finish: the handoff thread watches for that.
+                self._wake_handoff()
 
     #: Seconds ``_kill_left_behind()`` waits for the SIGKILLed processes of a dead worker to die before it
     #: gives up on them (a process in uninterruptible sleep dies only once it wakes).
@@ -513,11 +653,12 @@ class LocalExecutor(BaseExecutor):
     def _reap_worker(self, pid: int) -> None:
         """Forget a dead worker and its pipes; fail the workload it held unless it reported its end."""
         proc = self.workers[pid]
+        # The frames it finished before dying are in the pipe: read them (and apply every result read
+        # before them) before deciding that the workload it held never finished. What is left is a frame
+        # it died writing.
+        self._collect([pid])
+        self._apply_arrived()
         output = self._outputs.pop(pid)
-        # The frames it finished before dying are in the pipe: read them before deciding that the
-        # workload it held never finished. What is left is a frame it died writing.
-        for key, state, exc in output.read():
-            self._handle_result(pid, key, state, exc)
         if output.buffer:
             self.log.warning(
                 "Worker pid=%s died writing a result; dropping %d bytes", pid, len(output.buffer)
@@ -540,10 +681,15 @@ class LocalExecutor(BaseExecutor):
                 key, state_class_for_key(key).FAILED, f"LocalExecutor worker pid={pid} died"
             )
 
-    def _dispatch_pending(self) -> None:
-        """Send each pending workload to an idle worker, starting workers up to ``parallelism``."""
+    def _dispatch_pending(self, spawn: bool = True) -> None:
+        """
+        Send each pending workload to an idle worker, starting workers up to ``parallelism``.
+
+        The handoff thread passes ``spawn=False``: it neither starts nor reaps workers, and a workload it
+        cannot send goes back to the front of the deque, for the scheduler's thread to deal with.
+        """
         while self._pending:
-            pid = self._idle_worker()
+            pid = self._idle_worker(spawn)
             if pid is None:
                 # Every worker is busy. The scheduler hands over at most ``parallelism - len(running)``
                 # workloads, so this only happens when keys occupy more workers than slots: a key
@@ -556,14 +702,19 @@ class LocalExecutor(BaseExecutor):
             self._worker_tasks[pid] = workload.key
             try:
                 self._send_workload(pid, workload)
-            except BrokenPipeError:
-                # The worker is gone and never got the whole workload: keep it for the next worker.
+            except BaseException as e:
                 del self._worker_tasks[pid]
-                self._pending.appendleft((workload, taken_from))
-                self._reap_workers([pid])
-            except BaseException:
+                if not spawn:
+                    # The handoff thread: the scheduler's thread reaps the worker, or reports what cannot
+                    # be sent, when it gets to this workload again.
+                    self._pending.appendleft((workload, taken_from))
+                    return
+                if isinstance(e, BrokenPipeError):
+                    # The worker is gone and never got the whole workload: keep it for the next worker.
+                    self._pending.appendleft((workload, taken_from))
+                    self._reap_workers([pid])
+                    continue
                 # Nothing was sent (a workload that cannot be pickled, an interrupt): it stays queued.
-                del self._worker_tasks[pid]
                 self._undo_dispatches([workload], [taken_from])
                 raise
 
@@ -580,12 +731,12 @@ class LocalExecutor(BaseExecutor):
             self.workers[pid].kill()
             raise
 
-    def _idle_worker(self) -> int | None:
+    def _idle_worker(self, spawn: bool = True) -> int | None:
         """Return an idle live worker, starting one if all are busy and fewer than ``parallelism`` exist."""
         for pid, proc in self.workers.items():
             if pid not in self._worker_tasks and not _exited(proc):
                 return pid
-        if len(self.workers) >= self.parallelism:
+        if not spawn or len(self.workers) >= self.parallelism:
             return None
         if self.is_mp_using_fork:
             # Replacements too are forked with the GC frozen, and all at once, to keep freeze/unfreeze
@@ -600,6 +751,7 @@ class LocalExecutor(BaseExecutor):
         input_r, input_w = multiprocessing.Pipe(duplex=False)
         output_r, output_w = multiprocessing.Pipe(duplex=False)
         inherited = [input_w, output_r, *self._inputs.values(), *(o.conn for o in self._outputs.values())]
+        inherited += [conn for conn in (self._wakeup_r, self._wakeup_w) if conn is not None]
         p = multiprocessing.Process(
             target=_run_worker,
             kwargs={
@@ -655,24 +807,31 @@ class LocalExecutor(BaseExecutor):
 
     def _read_results(self, timeout: float = 0.0) -> None:
         """Read every complete result waiting, waiting up to ``timeout`` for a result or a worker exit."""
-        readers = {output.conn: pid for pid, output in self._outputs.items() if not output.eof}
-        sentinels = [proc.sentinel for proc in self.workers.values()]
-        ready = multiprocessing.connection.wait([*readers, *sentinels], timeout)
-        for conn, pid in readers.items():
-            if conn in ready:
-                for key, state, exc in self._outputs[pid].read():
-                    self._handle_result(pid, key, state, exc)
+        if timeout:
+            # Not under ``_lock``: the handoff thread hands workloads over meanwhile.
+            with self._lock:
+                readers = [output.conn for output in self._outputs.values() if not output.eof]
+                sentinels = [proc.sentinel for proc in self.workers.values()]
+            with contextlib.suppress(OSError, ValueError):  # a pipe the handoff thread's reap closed
+                multiprocessing.connection.wait([*readers, *sentinels], timeout)
+        with self._lock:
+            self._collect()
+            self._apply_arrived()
 
-    def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState | None, exc) -> None:
+    def _handle_result(
+        self, pid: int, key: WorkloadKey, state: WorkloadState | None, exc, released: bool = False
+    ) -> None:
         if pid not in self.workers:
             return
         if state is None or state == "running":
             if state is not None and key in self.running:
                 self.change_state(key, state, remove_running=False)
-        elif self._worker_tasks.get(pid) == key:
+        elif released or self._worker_tasks.get(pid) == key:
             # Its worker is idle again whatever became of the key: a worker is sent one workload at a
-            # time, and one never marked idle would never be sent another.
-            del self._worker_tasks[pid]
+            # time, and one never marked idle would never be sent another. (One released when its result
+            # was read may be running its next workload by now.)
+            if not released:
+                del self._worker_tasks[pid]
             if key in self.running:
                 self._finish_dispatch(key, state, exc)
 
@@ -682,6 +841,7 @@ class LocalExecutor(BaseExecutor):
             "Shutting down LocalExecutor"
             "; waiting for running tasks to finish.  Signal again if you don't want to wait."
         )
+        self._stop_handoff()
         try:
             # Pending workloads were dispatched as far as the scheduler knows: run them before stopping.
             while self._pending:
@@ -712,6 +872,7 @@ class LocalExecutor(BaseExecutor):
     def terminate(self):
         """Terminate all worker processes under control of the executor forcefully."""
         self.log.info("Terminating all LocalExecutor worker processes.")
+        self._stop_handoff()
         for proc in self.workers.values():
             self._terminate_worker_process(proc)
 
@@ -734,14 +895,15 @@ class LocalExecutor(BaseExecutor):
             _wait_exited(proc, timeout=0.2)
 
     def _process_workloads(self, workload_list):
-        for workload in workload_list:
-            taken_from = self._take_queued(workload)
-            key = workload.key
-            self.running.add(key)
-            self._dispatch_counts[key] = self._dispatch_counts.get(key, 0) + 1
-            self._pending.append((workload, taken_from))
+        with self._lock:
+            for workload in workload_list:
+                taken_from = self._take_queued(workload)
+                key = workload.key
+                self.running.add(key)
+                self._dispatch_counts[key] = self._dispatch_counts.get(key, 0) + 1
+                self._pending.append((workload, taken_from))
         self._check_workers()
-        if self._pending:
+        if len(self._pending) > self._prefetch:
             self.log.warning(
                 "%d dispatched workloads wait for a free worker: every one of %d workers is busy",
                 len(self._pending),
@@ -779,7 +941,8 @@ class LocalExecutor(BaseExecutor):
         # A worker holding the key stays busy until it reports its end or dies: it is still running the
         # workload, and a workload sent to it now would wait behind that one.
         self._dispatch_counts.pop(key, None)
-        self._pending = deque((w, q) for w, q in self._pending if w.key != key)
+        with self._lock:
+            self._pending = deque((w, q) for w, q in self._pending if w.key != key)
 
     def change_state(self, key, state, info=None, remove_running=True) -> None:
         if remove_running:
@@ -793,11 +956,12 @@ class LocalExecutor(BaseExecutor):
     def revoke_task(self, *, ti: TaskInstance) -> None:
         key = ti.key
         self.queued_tasks.pop(key, None)
-        holders = [pid for pid, task_key in self._worker_tasks.items() if task_key == key]
-        for pid in holders:
-            self._terminate_worker_process(self.workers[pid])
-        self._forget_workload(key)
-        self.running.discard(key)
-        # What they started is dead before the scheduler can queue the key again.
-        if exited := [pid for pid in holders if _exited(self.workers[pid])]:
-            self._reap_workers(exited)
+        with self._lock:
+            holders = [pid for pid, task_key in self._worker_tasks.items() if task_key == key]
+            for pid in holders:
+                self._terminate_worker_process(self.workers[pid])
+            self._forget_workload(key)
+            self.running.discard(key)
+            # What they started is dead before the scheduler can queue the key again.
+            if exited := [pid for pid in holders if _exited(self.workers[pid])]:
+                self._reap_workers(exited)
