@@ -163,7 +163,7 @@ CHECKS: tuple[Check, ...] = (
         "result_queue.get()",
         "test_worker_death.py::test_worker_killed_mid_frame_fails_only_its_own_key",
     ),
-    # What the model finds that no regression test covers: reported, never gating.
+    # Races the model found that the first tests missed; each now has a regression test (patch 7 fixes both).
     Check(
         "0/shutdown pill race",
         "0",
@@ -171,8 +171,7 @@ CHECKS: tuple[Check, ...] = (
         {"K": 1},
         DEADLOCK,
         'end() "proc.join()"',
-        FINDING,
-        gating=False,
+        "test_shared_queue_races.py::test_end_does_not_lose_a_shutdown_message_to_an_idle_worker",
     ),
     Check(
         "3/shutdown pill race",
@@ -181,8 +180,7 @@ CHECKS: tuple[Check, ...] = (
         {"K": 1},
         DEADLOCK,
         'end() "while proc.is_alive()',
-        FINDING,
-        gating=False,
+        "test_shared_queue_races.py::test_end_does_not_lose_a_shutdown_message_to_an_idle_worker",
     ),
     Check(
         "0/kill unread_messages holder",
@@ -191,8 +189,7 @@ CHECKS: tuple[Check, ...] = (
         {"K": 1, "KILLS": 1, "KILLMASK": 16, "CHECK_END": 0},
         DEADLOCK,
         "with self._unread_messages:",
-        FINDING,
-        gating=False,
+        "test_shared_queue_races.py::test_a_process_killed_holding_a_shared_counter_lock_does_not_stop_dispatch",
     ),
     Check(
         "3/kill unread_messages holder",
@@ -201,8 +198,7 @@ CHECKS: tuple[Check, ...] = (
         {"K": 1, "KILLS": 1, "KILLMASK": 16, "CHECK_END": 0},
         DEADLOCK,
         "with self._unread_messages:",
-        FINDING,
-        gating=False,
+        "test_shared_queue_races.py::test_a_process_killed_holding_a_shared_counter_lock_does_not_stop_dispatch",
     ),
     Check(
         "final/SIGTERM after last byte",

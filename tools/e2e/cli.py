@@ -10,7 +10,14 @@ from types import FrameType
 
 from tools import pins
 from tools.e2e import driver
-from tools.e2e.driver import DEFAULT_SCENARIOS, ORPHAN_DEADLINE, SCENARIOS, Options, run_session
+from tools.e2e.driver import (
+    DEFAULT_SCENARIOS,
+    DEFAULT_TP_TASKS,
+    ORPHAN_DEADLINE,
+    SCENARIOS,
+    Options,
+    run_session,
+)
 from tools.errors import ToolError
 from tools.layout import DEFAULT as LAYOUT
 
@@ -26,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         dest="scenarios",
         help=(
             f"run only this scenario (repeatable; default: {', '.join(DEFAULT_SCENARIOS)}, in order; "
-            "kill-orphan only when asked for)"
+            "kill-orphan and throughput only when asked for)"
         ),
     )
     p.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
@@ -39,12 +46,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="executor stage: 0 = unpatched base, k = first k patches (default: the full series overlay)",
     )
+    p.add_argument(
+        "--compare-stages",
+        metavar="LIST",
+        help=(
+            "run the scenarios once per stage, e.g. 0,9 or 0,full (full = the series overlay), and "
+            "end with the throughput figures of each as ratios to the first; replaces --stage"
+        ),
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --compare-stages: run the stages this many times, interleaved (0,9,0,9,...)",
+    )
     p.add_argument("--parallelism", type=int, default=8)
+    p.add_argument(
+        "--tasks",
+        type=int,
+        default=DEFAULT_TP_TASKS,
+        help="throughput: how many no-op tasks its DAG has (default %(default)s)",
+    )
     p.add_argument(
         "--deadline",
         type=float,
         default=120.0,
-        help=f"seconds from trigger to a final run state (kill-orphan: at least {ORPHAN_DEADLINE:g})",
+        help=(
+            f"seconds from trigger to a final run state (kill-orphan: at least {ORPHAN_DEADLINE:g}; "
+            "throughput: at least 60 + 1 per task)"
+        ),
     )
     p.add_argument(
         "--stop-bound", type=float, default=30.0, help="seconds SIGTERM may take to stop the scheduler"
@@ -62,6 +92,13 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ToolError(f"--stage must be >= 0, got {args.stage}")
     if args.parallelism < 2:
         raise ToolError("--parallelism must be at least 2 (the scenarios kill a worker)")
+    if args.tasks < 1:
+        raise ToolError(f"--tasks must be at least 1, got {args.tasks}")
+    compare = parse_stages(args.compare_stages) if args.compare_stages else []
+    if compare and args.stage is not None:
+        raise ToolError("--stage and --compare-stages exclude each other")
+    if args.rounds < 1 or (args.rounds > 1 and not compare):
+        raise ToolError("--rounds must be at least 1, and more than 1 only with --compare-stages")
     return Options(
         line=line,
         stage=args.stage,
@@ -72,7 +109,31 @@ def options_from(args: argparse.Namespace) -> Options:
         stop_bound=args.stop_bound,
         task_seconds=args.task_seconds,
         out=args.out.resolve(),
+        tasks=args.tasks,
+        compare=compare,
+        rounds=args.rounds,
     )
+
+
+def parse_stages(text: str) -> list[int | None]:
+    """``"0,9"`` -> [0, 9]; ``full`` (or ``series``) is the series overlay (None). At least two."""
+    out: list[int | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part in ("full", "series"):
+            stage: int | None = None
+        else:
+            try:
+                stage = int(part)
+            except ValueError:
+                raise ToolError(f"--compare-stages: {part!r} is neither a stage number nor 'full'") from None
+            if stage < 0:
+                raise ToolError(f"--compare-stages: stage must be >= 0, got {stage}")
+        if stage in out:
+            raise ToolError(f"--compare-stages: {part} given twice")
+        out.append(stage)
+    if len(out) < 2:
+        raise ToolError(f"--compare-stages needs at least two stages, got {text!r}")
+    return out
 
 
 def _cmd_e2e(args: argparse.Namespace) -> int:

@@ -36,6 +36,21 @@ kill-orphan
     only if they never overlapped and the run ended ``success``. Not in the default set (it adds
     a minute and a half, and runs into its deadline on the unpatched base, which retries only
     after the task heartbeat timeout): ask for it with ``--scenario kill-orphan``.
+throughput
+    Its own DAG, ``tests/e2e/dags/lepatch_e2e_throughput.py``: ``--tasks`` (default 200) no-op
+    PythonOperator tasks, ``max_active_tasks`` as high, nothing killed. It passes when the run
+    succeeds with every task on its first try; what it is for are its figures
+    (``tools.e2e.throughput``): wall time from the first task queued to the last one ended,
+    tasks/s, and the queued-to-start (and scheduled-to-start) p50/p95 of the task instances.
+    ``[scheduler] task_queued_timeout`` is 600 s there (30 s otherwise): the unpatched base's
+    queue gets deeper than 30 s, and a requeue would change what is measured; with SQLite a
+    connection waits up to 60 s for the database lock (5 s otherwise). Not in the
+    default set: ask for it with ``--scenario throughput``, e.g. ``--tasks 200 --parallelism 16``.
+
+``--compare-stages 0,9`` runs the selected scenarios once per stage (``full`` = the series
+overlay) in one invocation, each stage's executor installed in turn, and ends with a table of
+each stage's throughput figures as ratios to the first stage's; ``--rounds N`` runs that cycle
+N times, interleaved (0,9,0,9), and the table holds each stage's medians.
 
 Every process the session starts is stopped by pid, on success and failure alike. The JSON
 report goes to ``build/e2e/report.json`` (and a timestamped copy); each stack's logs stay in
@@ -49,14 +64,15 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tools import pins
-from tools.e2e import orphan, procfs
+from tools.e2e import orphan, procfs, throughput
 from tools.e2e.judge import N_TASKS, Kill, judge
 from tools.e2e.stack import AirflowStack, Postgres, StackConfig, StackError, tail
 from tools.e2e.timeline import format_timeline, rows_from_api, summarize
@@ -64,11 +80,14 @@ from tools.e2e.watch import Json, RestApi, RunWatcher, TaskSnap, WatchResult
 from tools.errors import ToolError
 from tools.layout import DEFAULT as LAYOUT
 
+if TYPE_CHECKING:
+    from tools.e2e.venv import AirflowVenv
+
 DAGS_DIR = LAYOUT.root / "tests" / "e2e" / "dags"
 DAG_FILE = DAGS_DIR / "lepatch_e2e.py"
 DAG_ID = "lepatch_e2e"
-SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader", "kill-orphan")
-# What runs when no --scenario is given: every scenario but kill-orphan (see above).
+SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader", "kill-orphan", "throughput")
+# What runs when no --scenario is given: every scenario but kill-orphan and throughput (see above).
 DEFAULT_SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader")
 
 # kill-orphan: the task marks for ORPHAN_SECONDS, its try 1 is killed after ORPHAN_MARKS_BEFORE_KILL
@@ -77,6 +96,17 @@ ORPHAN_SECONDS = 40
 ORPHAN_MARKS_BEFORE_KILL = 2
 ORPHAN_DEADLINE = 150.0
 MARKS_ENV = "LEPATCH_E2E_MARKS"
+# throughput: the DAG's task count comes from TP_TASKS_ENV; the run gets at least
+# TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks seconds. The watcher polls less often there
+# (TP_POLL_INTERVAL), so that its 200-row API reads take less CPU from the stack it measures.
+TP_TASKS_ENV = "LEPATCH_E2E_TP_TASKS"
+TP_DEADLINE_BASE = 60.0
+TP_DEADLINE_PER_TASK = 1.0
+TP_POLL_INTERVAL = 2.0
+TP_QUEUED_TIMEOUT = 600.0  # [scheduler] task_queued_timeout for throughput (30 s otherwise)
+TP_SQLITE_BUSY_TIMEOUT = 60.0  # SQLite lock wait for throughput (the driver's default is 5 s)
+# Above this many rows the printed timeline is only its summary line (the report keeps it all).
+MAX_TIMELINE_ROWS = 40
 
 
 @dataclass(frozen=True)
@@ -88,12 +118,33 @@ class DagSpec:
 
 MAIN_DAG = DagSpec(DAG_FILE, DAG_ID, N_TASKS)
 ORPHAN_DAG = DagSpec(DAGS_DIR / "lepatch_e2e_orphan.py", "lepatch_e2e_orphan", 1)
-DAG_OF: dict[str, DagSpec] = {"kill-orphan": ORPHAN_DAG}
+THROUGHPUT_DAG_FILE = DAGS_DIR / "lepatch_e2e_throughput.py"
+THROUGHPUT_DAG_ID = "lepatch_e2e_throughput"
+DEFAULT_TP_TASKS = 200
 
 
-def scenario_deadline(name: str, deadline: float) -> float:
-    """The deadline a scenario runs with: --deadline, raised to ORPHAN_DEADLINE for kill-orphan."""
-    return max(deadline, ORPHAN_DEADLINE) if name == "kill-orphan" else deadline
+def dag_for(name: str, tasks: int = DEFAULT_TP_TASKS) -> DagSpec:
+    """The DAG a scenario triggers (``tasks``: the throughput DAG's task count)."""
+    if name == "kill-orphan":
+        return ORPHAN_DAG
+    if name == "throughput":
+        return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, tasks)
+    return MAIN_DAG
+
+
+def scenario_deadline(name: str, deadline: float, tasks: int = DEFAULT_TP_TASKS) -> float:
+    """The deadline a scenario runs with: --deadline, raised to ORPHAN_DEADLINE for kill-orphan
+    and to TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks for throughput."""
+    if name == "kill-orphan":
+        return max(deadline, ORPHAN_DEADLINE)
+    if name == "throughput":
+        return max(deadline, TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks)
+    return deadline
+
+
+def stage_label(stage: int | None) -> str:
+    """How a stage is named in the comparison table: "stage 0", "stage 9", "full series"."""
+    return "full series" if stage is None else f"stage {stage}"
 
 
 # -- options and results -----------------------------------------------------------------------
@@ -110,6 +161,9 @@ class Options:
     stop_bound: float
     task_seconds: float
     out: Path
+    tasks: int = DEFAULT_TP_TASKS  # the throughput DAG's task count
+    compare: list[int | None] = field(default_factory=list)  # --compare-stages; None = full series
+    rounds: int = 1  # --rounds: the --compare-stages cycle, run this many times (interleaved)
 
 
 @dataclass
@@ -445,12 +499,14 @@ class ScenarioRunner:
 
     def run(self, name: str) -> ScenarioResult:
         home = self.workdir / name
-        dag = DAG_OF.get(name, MAIN_DAG)
-        deadline = scenario_deadline(name, self.opts.deadline)
+        dag = dag_for(name, self.opts.tasks)
+        deadline = scenario_deadline(name, self.opts.deadline, self.opts.tasks)
         marks = home / "orphan-marks.txt" if name == "kill-orphan" else None
         extra_env = (
             {MARKS_ENV: str(marks), "LEPATCH_E2E_ORPHAN_SECONDS": str(ORPHAN_SECONDS)} if marks else {}
         )
+        if name == "throughput":
+            extra_env[TP_TASKS_ENV] = str(dag.n_tasks)
         cfg = StackConfig(
             venv=self.venv_path,
             home=home,
@@ -460,9 +516,16 @@ class ScenarioRunner:
             task_seconds=self.opts.task_seconds,
             extra_env=extra_env,
         )
+        if name == "throughput":
+            # A slow stage's queue may well be 30 s deep; a requeue would change what is measured.
+            cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
+            # 16 workers' task processes and a loaded machine: 5 s of SQLite lock wait is not enough.
+            cfg.sqlite_busy_timeout = TP_SQLITE_BUSY_TIMEOUT
         stack = AirflowStack(cfg, self.say)
         api = RestApi(stack.api)
         run = Run(name, stack, api, self.opts, self.say, dag=dag, deadline=deadline, marks=marks)
+        if name == "throughput":
+            run.watcher.interval = TP_POLL_INTERVAL
         timings: dict[str, float | None] = {"deadline_s": deadline}
         failures: list[str] = []
         watch: WatchResult | None = None
@@ -471,8 +534,10 @@ class ScenarioRunner:
         tasks: dict[str, TaskSnap] = {}
         tries: dict[str, list[Json]] = {}
         t0_wall = datetime.now(timezone.utc)
+        size = f"{dag.n_tasks} tasks, " if name == "throughput" else ""
         self.say(
-            f"\n== {name} ({self.opts.db}, parallelism {self.opts.parallelism}, deadline {deadline:g} s)"
+            f"\n== {name} ({size}{self.opts.db}, parallelism {self.opts.parallelism}, "
+            f"deadline {deadline:g} s)"
         )
         try:
             t_launch = time.monotonic()
@@ -521,6 +586,11 @@ class ScenarioRunner:
             failures += judge(name, watch, deadline, tasks, tries, run.kill, n_tasks=dag.n_tasks)
             if name == "kill-orphan":
                 failures += measure_orphan(run, watch.final, watch.run_state)
+            if name == "throughput" and tis:
+                fig = throughput.figures(tis, _safe_one(partial(api.run, dag.dag_id, run.run_id)))
+                run.extra["throughput"] = fig.as_json()
+                run.extra["throughput_summary"] = fig.text()
+                run.event(f"throughput: {fig.text()}")
             if name == "kill-idle-reader":
                 problem = sigterm_scheduler(run)
                 if problem:
@@ -546,7 +616,10 @@ class ScenarioRunner:
         if rows:
             timeline += "\n" + summarize(rows)
         self.say("")
-        self.say(timeline)
+        if len(rows) > MAX_TIMELINE_ROWS:
+            self.say(f"({len(rows)} task tries: the timeline is in the report)\n{summarize(rows)}")
+        else:
+            self.say(timeline)
         passed = not failures
         self.say(f"-- {name}: {'PASS' if passed else 'FAIL'}")
         for f in failures:
@@ -589,6 +662,7 @@ class ScenarioRunner:
                 except StackError as e:
                     failures.append(str(e))
                     run.done.set()
+                    break
         finally:
             run.done.set()
             th.join(30)
@@ -603,6 +677,13 @@ def _safe(fn: Callable[[], list[Json]]) -> list[Json]:
         return fn()
     except (OSError, ValueError, KeyError):
         return []
+
+
+def _safe_one(fn: Callable[[], Json]) -> Json | None:
+    try:
+        return fn()
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _ts_dict(ts: TaskSnap) -> Json:
@@ -628,7 +709,8 @@ def _health_text(h: Json | None) -> str:
 
 
 def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
-    from tools.e2e.venv import AirflowVenv, resolve_source
+    """One invocation: the selected scenarios at ``opts.stage``, or at each of ``opts.compare``."""
+    from tools.e2e.venv import AirflowVenv
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     workdir = opts.out / stamp
@@ -640,13 +722,8 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
         )
     venv = AirflowVenv(opts.line, opts.out, say)
     venv.ensure()
-    source = resolve_source(opts.line, opts.stage)
-    how = venv.install_executor(source)
-    say(
-        f"e2e {opts.line.name} (apache-airflow {opts.line.version}): executor = {source.label}, "
-        f"sha256 {source.sha256[:12]}, installed via {how}; db {opts.db}; parallelism {opts.parallelism}"
-    )
-    results: list[ScenarioResult] = []
+    stages = opts.compare or [opts.stage]
+    reports: list[Json] = []
     pg: Postgres | None = None
     t_session = time.monotonic()
     try:
@@ -654,12 +731,60 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
             pg = Postgres(say)
             pg.start()
             say(f"postgres {pg.bindir.parent.name} on 127.0.0.1:{pg.port}, data in {pg.root}")
-        runner = ScenarioRunner(opts, venv.path, workdir, pg, say)
-        for name in opts.scenarios:
-            results.append(runner.run(name))
+        for n in range(opts.rounds if opts.compare else 1):
+            for stage in stages:
+                sub = workdir if len(stages) == 1 else workdir / stage_label(stage).replace(" ", "-")
+                if opts.rounds > 1:
+                    sub = sub.with_name(f"{sub.name}-round{n + 1}")
+                    say(f"\n#### round {n + 1} of {opts.rounds}: {stage_label(stage)}")
+                reports.append(_stage_session(replace(opts, stage=stage), venv, sub, stamp, pg, say))
     finally:
         if pg is not None:
             pg.stop()
+    passed = all(r["passed"] for r in reports)
+    if len(stages) == 1:
+        path = workdir / "report.json"
+    else:
+        path = workdir / "compare.json"
+        tables = compare_tables(opts, reports)
+        combined = {
+            "compare_stages": [stage_label(s) for s in stages],
+            "rounds": opts.rounds,
+            "started": stamp,
+            "session_s": round(time.monotonic() - t_session, 1),
+            "passed": passed,
+            "tables": tables,
+            "stages": reports,
+        }
+        path.write_text(json.dumps(combined, indent=2, default=str) + "\n")
+        (opts.out / "report.json").write_text(path.read_text())
+        for text in tables.values():
+            say("\n" + text)
+    say(f"report: {LAYOUT.rel(path)} (also {LAYOUT.rel(opts.out / 'report.json')})")
+    return 0 if passed else 1
+
+
+def _stage_session(
+    opts: Options,
+    venv: AirflowVenv,
+    workdir: Path,
+    stamp: str,
+    pg: Postgres | None,
+    say: Callable[[str], None],
+) -> Json:
+    """The selected scenarios with ``opts.stage``'s executor installed; returns that stage's report."""
+    from tools.e2e.venv import resolve_source
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    source = resolve_source(opts.line, opts.stage)
+    how = venv.install_executor(source)
+    say(
+        f"e2e {opts.line.name} (apache-airflow {opts.line.version}): executor = {source.label}, "
+        f"sha256 {source.sha256[:12]}, installed via {how}; db {opts.db}; parallelism {opts.parallelism}"
+    )
+    t_session = time.monotonic()
+    runner = ScenarioRunner(opts, venv.path, workdir, pg, say)
+    results = [runner.run(name) for name in opts.scenarios]
     report = {
         "line": opts.line.name,
         "version": opts.line.version,
@@ -672,6 +797,7 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
         },
         "db": opts.db,
         "parallelism": opts.parallelism,
+        "tasks": opts.tasks if "throughput" in opts.scenarios else None,
         "deadline_s": opts.deadline,
         "stop_bound_s": opts.stop_bound,
         "task_seconds": opts.task_seconds,
@@ -684,8 +810,48 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     (opts.out / "report.json").write_text(path.read_text())
     say("\n" + summary_table(opts, source.label, results))
-    say(f"report: {LAYOUT.rel(path)} (also {LAYOUT.rel(opts.out / 'report.json')})")
-    return 0 if report["passed"] else 1
+    return report
+
+
+def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
+    """Per scenario with throughput figures: the stages side by side (each stage's median over its
+    passed rounds; a failed run gives no figures), ratios to the first stage."""
+    out: dict[str, str] = {}
+    stages = list(dict.fromkeys(rep["stage"] for rep in reports))
+    for name in opts.scenarios:
+        rows: list[throughput.StageRow] = []
+        for stage in stages:
+            runs = [
+                next((s for s in rep["scenarios"] if s["name"] == name), None)
+                for rep in reports
+                if rep["stage"] == stage
+            ]
+            ok = [sc for sc in runs if sc and sc["passed"]]
+            # A failed run's figures (a stack that died halfway) would only skew the median.
+            figs = [
+                throughput.Figures(**sc["extra"]["throughput"]) for sc in ok if sc["extra"].get("throughput")
+            ]
+            rows.append(
+                throughput.StageRow(
+                    stage_label(stage),
+                    len(ok) == len(runs),
+                    (figs[0] if len(figs) == 1 else throughput.median_of(figs)) if figs else None,
+                    tuple(f.wall_s for f in figs),
+                    runs=len(runs),
+                    runs_ok=len(ok),
+                )
+            )
+        if any(
+            sc["extra"].get("throughput") for rep in reports for sc in rep["scenarios"] if sc["name"] == name
+        ):
+            n = len(reports) // max(len(stages), 1)
+            title = (
+                f"{name}: {opts.tasks} no-op tasks at parallelism {opts.parallelism}, "
+                f"{opts.line.label}, {opts.db}; ratios to {rows[0].label}"
+                + (f"; medians of {n} rounds" if n > 1 else "")
+            )
+            out[name] = throughput.compare(rows, title)
+    return out
 
 
 def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) -> str:
@@ -705,6 +871,7 @@ def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) 
             f"{ready:>7}{run_t:>10}  {detail}"
         )
     for r in results:
-        if r.extra.get("orphan_summary"):
-            lines.append(f"{r.name}: {r.extra['orphan_summary']}")
+        for key in ("orphan_summary", "throughput_summary"):
+            if r.extra.get(key):
+                lines.append(f"{r.name}: {r.extra[key]}")
     return "\n".join(lines)

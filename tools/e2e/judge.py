@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from tools.e2e.watch import Json, TaskSnap, WatchResult
 
-# Task instances of tests/e2e/dags/lepatch_e2e.py (lepatch_e2e_orphan.py has one).
+# Task instances of tests/e2e/dags/lepatch_e2e.py (lepatch_e2e_orphan.py has one,
+# lepatch_e2e_throughput.py --tasks).
 N_TASKS = 30
 NOT_DONE = frozenset(
     {None, "none", "scheduled", "queued", "running", "up_for_retry", "restarting", "deferred"}
@@ -63,12 +64,12 @@ def judge(
             "tasks not successful: "
             + ", ".join(_describe_task(ts, killed) for ts in sorted(others_bad, key=lambda t: t.task_id))
         )
-    if scenario == "clean":
+    if scenario in ("clean", "throughput"):
         again = sorted(ts.task_id for ts in tasks.values() if ts.try_number > 1)
         if again:
             failures.append(f"tasks retried in a clean run: {', '.join(again)}")
     if (
-        scenario in ("clean", "kill-idle-reader", "kill-orphan")
+        scenario in ("clean", "kill-idle-reader", "kill-orphan", "throughput")
         and watch.final
         and watch.run_state != "success"
     ):

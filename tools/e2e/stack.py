@@ -243,6 +243,9 @@ class StackConfig:
     task_seconds: float = 2.0
     task_queued_timeout: float = 30.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    # SQLite only: seconds a connection waits for the database lock before "database is locked"
+    # (None: the driver's 5 s default).
+    sqlite_busy_timeout: float | None = None
 
 
 class AirflowStack:
@@ -262,7 +265,8 @@ class AirflowStack:
     # The configuration is environment only, so every component (and every CLI call) shares it.
     def _env(self) -> dict[str, str]:
         c = self.cfg
-        db = c.db_url or f"sqlite:///{c.home / 'airflow.db'}"
+        busy = f"?timeout={c.sqlite_busy_timeout:g}" if c.sqlite_busy_timeout else ""
+        db = c.db_url or f"sqlite:///{c.home / 'airflow.db'}{busy}"
         env = {
             k: v
             for k, v in os.environ.items()
@@ -289,6 +293,8 @@ class AirflowStack:
                 "AIRFLOW__API__PORT": str(self.api_port),
                 "AIRFLOW__API__BASE_URL": f"{self.api}/",
                 "AIRFLOW__API__WORKERS": "1",
+                # The throughput DAG has hundreds of task instances: one page of the API for them.
+                "AIRFLOW__API__MAXIMUM_PAGE_LIMIT": "1000",
                 "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                 "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": f"{c.task_queued_timeout:g}",
                 "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",

@@ -21,6 +21,7 @@ from typing import Any, Protocol, cast
 Json = dict[str, Any]
 
 FINAL_RUN_STATES = frozenset({"success", "failed"})
+PAGE = 1000  # task instances asked for per request
 
 
 class Api(Protocol):
@@ -65,8 +66,15 @@ class RestApi:
         return self.get(self._run_path(dag_id, run_id))
 
     def task_instances(self, dag_id: str, run_id: str) -> list[Json]:
-        tis = self.get(self._run_path(dag_id, run_id) + "/taskInstances?limit=1000")["task_instances"]
-        return cast(list[Json], tis)
+        """Every task instance of the run, page by page (the api-server caps a page's size at its
+        ``[api] maximum_page_limit``, 100 by default, whatever ``limit`` asks for)."""
+        out: list[Json] = []
+        while True:
+            page = self.get(self._run_path(dag_id, run_id) + f"/taskInstances?limit={PAGE}&offset={len(out)}")
+            tis = cast(list[Json], page["task_instances"])
+            out += tis
+            if not tis or len(out) >= int(page.get("total_entries", len(out))):
+                return out
 
     def tries(self, dag_id: str, run_id: str, task_id: str) -> list[Json]:
         path = self._run_path(dag_id, run_id) + f"/taskInstances/{urllib.parse.quote(task_id)}/tries"

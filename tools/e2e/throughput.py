@@ -1,0 +1,208 @@
+"""The ``throughput`` scenario's figures and the table that compares them across stages (pure).
+
+From the task instances the REST API lists at the end of a run (``queued_when``,
+``start_date``, ``end_date``) and the run itself:
+
+wall
+    first task instance queued -> last task instance ended, in seconds: what the scheduler and
+    the executor spent getting the tasks through (the trigger and the dag run's own creation,
+    the same for every stage, are left out).
+tasks/s
+    task instances that ended, divided by ``wall``.
+queued-to-start p50 / p95
+    per task instance, ``start_date - queued_when``: how long a queued task waited for a worker
+    to start it (linear-interpolated percentiles).
+scheduled-to-start p50 / p95
+    per task instance, ``start_date - scheduled_when``: the whole wait, including the time a
+    stage keeps a task ``scheduled`` before it queues it (None where the API has no
+    ``scheduled_when``).
+run wall
+    the dag run's ``start_date -> end_date``, for reference (it adds up to one scheduler loop).
+
+The table's ``q>s`` columns are queued-to-start, ``s>s`` scheduled-to-start.
+``median_of`` folds several rounds of one stage into one row (field-wise medians).
+``compare`` puts one row per stage next to the first stage's (normally stage 0, the unpatched
+base) as ratios, and ``target_misses`` checks issue 15's targets: with >= ``LARGE_RUN`` tasks,
+throughput >= ``MIN_THROUGHPUT_RATIO`` x and queued-to-start p95 no worse than the base; with
+fewer (the 30-task run), wall time within ``MAX_WALL_RATIO`` x of the base.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+MIN_THROUGHPUT_RATIO = 0.97
+MAX_WALL_RATIO = 1.05
+LARGE_RUN = 100  # from this many tasks on, the throughput and p95 targets apply
+
+
+def parse_ts(ts: str | None) -> datetime | None:
+    """An API timestamp (``...Z`` or ``...+00:00``), or None."""
+    if not ts:
+        return None
+    # Python 3.10's fromisoformat does not take the API's "Z" suffix.
+    return datetime.fromisoformat(ts[:-1] + "+00:00" if ts.endswith("Z") else ts)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) with linear interpolation between ranks; None if empty."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Figures:
+    tasks: int  # task instances the API listed
+    ended: int  # of those, with an end_date
+    wall_s: float | None
+    tasks_per_s: float | None
+    q2s_p50_s: float | None
+    q2s_p95_s: float | None
+    q2s_max_s: float | None
+    run_wall_s: float | None
+    s2s_p50_s: float | None = None
+    s2s_p95_s: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+    def text(self) -> str:
+        return (
+            f"{self.ended}/{self.tasks} tasks in {_f(self.wall_s, 's')} "
+            f"({_f(self.tasks_per_s, '', 2)} tasks/s); "
+            f"queued-to-start p50 {_f(self.q2s_p50_s, 's', 2)}, p95 {_f(self.q2s_p95_s, 's', 2)}, "
+            f"max {_f(self.q2s_max_s, 's', 2)}; scheduled-to-start p50 {_f(self.s2s_p50_s, 's', 2)}, "
+            f"p95 {_f(self.s2s_p95_s, 's', 2)}; run start->end {_f(self.run_wall_s, 's')}"
+        )
+
+
+def _f(v: float | None, unit: str, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}{unit}"
+
+
+def figures(tis: Iterable[dict[str, Any]], run: dict[str, Any] | None = None) -> Figures:
+    """The figures of one run from the API's task-instance records (and the run record)."""
+    tis = list(tis)
+    queued = [q for q in (parse_ts(d.get("queued_when")) for d in tis) if q is not None]
+    ends = [e for e in (parse_ts(d.get("end_date")) for d in tis) if e is not None]
+    waits: list[float] = []
+    whole: list[float] = []
+    for d in tis:
+        sch, q, s = (parse_ts(d.get(k)) for k in ("scheduled_when", "queued_when", "start_date"))
+        if q is not None and s is not None:
+            waits.append((s - q).total_seconds())
+        if sch is not None and s is not None:
+            whole.append((s - sch).total_seconds())
+    wall = (max(ends) - min(queued)).total_seconds() if queued and ends else None
+    run_start = parse_ts((run or {}).get("start_date"))
+    run_end = parse_ts((run or {}).get("end_date"))
+    return Figures(
+        tasks=len(tis),
+        ended=len(ends),
+        wall_s=wall,
+        tasks_per_s=len(ends) / wall if wall else None,
+        q2s_p50_s=percentile(waits, 50),
+        q2s_p95_s=percentile(waits, 95),
+        q2s_max_s=max(waits) if waits else None,
+        run_wall_s=(run_end - run_start).total_seconds() if run_start and run_end else None,
+        s2s_p50_s=percentile(whole, 50),
+        s2s_p95_s=percentile(whole, 95),
+    )
+
+
+# -- several stages, one table --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage's throughput run, as the comparison needs it."""
+
+    label: str  # "stage 0", "stage 9", "full series"
+    passed: bool  # every run of the stage passed
+    fig: Figures | None  # one run's figures, or the median over its passed rounds; None: none
+    walls: tuple[float | None, ...] = ()  # each passed round's wall time
+    runs: int = 1  # rounds run
+    runs_ok: int | None = None  # rounds passed (None: as ``passed`` says)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
+
+
+def median_of(figs: Sequence[Figures]) -> Figures:
+    """Field by field, the median of several runs' figures (missing values left out)."""
+    return Figures(
+        tasks=int(statistics.median_low([f.tasks for f in figs])),
+        ended=int(statistics.median_low([f.ended for f in figs])),
+        **{k: _median([getattr(f, k) for f in figs]) for k in _FLOAT_FIELDS},
+    )
+
+
+_FLOAT_FIELDS = tuple(k for k in Figures.__dataclass_fields__ if k not in ("tasks", "ended"))
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def target_misses(fig: Figures, base: Figures) -> list[str]:
+    """Which of issue 15's targets ``fig`` misses against ``base``; empty when it meets them."""
+    misses: list[str] = []
+    if fig.tasks >= LARGE_RUN:
+        tp = ratio(fig.tasks_per_s, base.tasks_per_s)
+        if tp is None or tp < MIN_THROUGHPUT_RATIO:
+            misses.append(f"throughput {_r(tp)} < {MIN_THROUGHPUT_RATIO:.2f}x")
+        if fig.q2s_p95_s is None or base.q2s_p95_s is None or fig.q2s_p95_s > base.q2s_p95_s:
+            misses.append(f"p95 {_f(fig.q2s_p95_s, 's', 2)} > base {_f(base.q2s_p95_s, 's', 2)}")
+    else:
+        wr = ratio(fig.wall_s, base.wall_s)
+        if wr is None or wr > MAX_WALL_RATIO:
+            misses.append(f"wall {_r(wr)} > {MAX_WALL_RATIO:.2f}x")
+    return misses
+
+
+def _r(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def compare(rows: Sequence[StageRow], title: str) -> str:
+    """The comparison table: the first row is the base every ratio is taken against. With
+    several rounds each row holds the medians, and ends with each round's wall time."""
+    head = (
+        f"{'executor':<14}{'result':<7}{'tasks':>7}{'wall':>8}{'tasks/s':>9}{'x base':>8}"
+        f"{'q>s p50':>9}{'q>s p95':>9}{'p95 x':>7}{'s>s p95':>9}{'wall x':>8}  targets (issue 15)"
+    )
+    out = [title, head]
+    base = rows[0].fig if rows else None
+    for i, r in enumerate(rows):
+        f = r.fig
+        result = "ok" if r.passed else "FAIL"
+        if r.runs > 1 and r.runs_ok is not None:
+            result = f"{r.runs_ok}/{r.runs}"
+        if f is None:
+            out.append(f"{r.label:<14}{result:<7}{'-':>7}  (no figures)")
+            continue
+        if i == 0 or base is None:
+            verdict = "(base)"
+        else:
+            misses = target_misses(f, base)
+            verdict = "met" if not misses else "missed: " + "; ".join(misses)
+        out.append(
+            f"{r.label:<14}{result:<7}{f.ended:>7}{_f(f.wall_s, 's'):>8}{_f(f.tasks_per_s, '', 2):>9}"
+            f"{_r(ratio(f.tasks_per_s, base.tasks_per_s if base else None)):>8}"
+            f"{_f(f.q2s_p50_s, 's', 2):>9}{_f(f.q2s_p95_s, 's', 2):>9}"
+            f"{_r(ratio(f.q2s_p95_s, base.q2s_p95_s if base else None)):>7}{_f(f.s2s_p95_s, 's', 2):>9}"
+            f"{_r(ratio(f.wall_s, base.wall_s if base else None)):>8}  {verdict}"
+            + (f" (walls {', '.join(_f(w, 's') for w in r.walls)})" if len(r.walls) > 1 else "")
+        )
+    return "\n".join(out)
