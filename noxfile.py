@@ -17,8 +17,9 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from tools import pins, venvs  # noqa: E402  (stdlib only, importable before any install)
+from tools import final_record, pins, venvs  # noqa: E402  (stdlib only, importable before any install)
 from tools.errors import ToolError  # noqa: E402
+from tools.fixed_by_plugin import RECORD_ENV  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["apply"]
@@ -50,17 +51,24 @@ def apply(session: nox.Session) -> None:
 @nox.parametrize("line", [*LINES, "tools"])
 def tests(session: nox.Session, line: str) -> None:
     """tests/executor against a line's overlay in its pinned venv, or tests/tools (line='tools')."""
+    record: list[str] = []
     try:
         if line == "tools":
             python, paths = venvs.ensure_tools(), ["tests/tools"]
         else:
             python, paths = venvs.ensure(line), ["tests/executor"]
-            overlay = ROOT / "airflow_overlay" / line / pins.PACKAGE_PATH
-            venvs.install_executor(python, overlay.read_bytes())
+            overlay = (ROOT / "airflow_overlay" / line / pins.PACKAGE_PATH).read_bytes()
+            venvs.install_executor(python, overlay)
+            # why: verify's final stage is this very code; it reuses what passed here.
+            record = ["-p", "tools.fixed_by_plugin"]
+            record_to = final_record.prepare(line, overlay)
     except (ToolError, OSError) as exc:
         session.error(str(exc))
     has_tests = any(f for p in paths for f in (ROOT / p).rglob("test_*.py"))
     with tempfile.TemporaryDirectory(prefix="lepatch-airflow-home-") as home:
+        env = venvs.test_env(Path(home))
+        if record:
+            env[RECORD_ENV] = str(record_to)
         session.run(
             str(python),
             "-m",
@@ -68,9 +76,10 @@ def tests(session: nox.Session, line: str) -> None:
             *paths,
             "-p",
             "no:cacheprovider",
+            *record,
             *session.posargs,
             external=True,
-            env=venvs.test_env(Path(home)),
+            env=env,
             success_codes=[0] if has_tests else [0, 5],
         )
 

@@ -16,7 +16,9 @@ By default each test runs only on the stages that decide its verdict: the one be
 back would only fail again, each after the test's deadline, which is where most of the time of
 a full matrix goes; their cells are shown ``.`` (not run). A bug the series introduced runs from
 the stage before the patch that introduced it; on a line whose base carries the patch, every
-stage runs. ``--every-stage`` runs every test on every stage: the full matrix.
+stage runs. ``--every-stage`` runs every test on every stage: the full matrix. On the final
+stage, tests that passed in ``nox -s tests`` on the same code and tests are not run again
+(``tools.final_record``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import apply as engine_mod
-from tools import venvs
+from tools import final_record, venvs
 from tools.errors import ToolError
 from tools.fixed_by_plugin import RECORD_ENV
 from tools.layout import Layout
@@ -298,10 +300,20 @@ def _verify_line(
             if same is not None:
                 done = outcomes[same]
                 got.update({n: done[n] for n in wanted if done.get(n, NOT_RUN) != NOT_RUN})
+            if k == res.final and (reused := final_record.passed(name, res.code(k), layout) & set(wanted)):
+                got.update(dict.fromkeys(reused, PASS))
+                print(
+                    f"{name} stage {k}: {len(reused)} passed in `nox -s tests` on this code, reused", file=out
+                )
             todo = [n for n in wanted if n not in got]
             if not todo:
                 outcomes[k] = got
-                why = f"the code of stage {same}, not run again" if wanted else "no test is decided there"
+                if not wanted:
+                    why = "no test is decided there"
+                elif same is not None:
+                    why = f"the code of stage {same}, not run again"
+                else:
+                    why = "nothing left to run"
                 print(f"{name} stage {k}: {why}", file=out, flush=True)
                 continue
             ran.setdefault(res.code(k), k)
