@@ -52,6 +52,9 @@ CANNOT_RUN = "n/a"
 # of their own (the unpatched end() can lose a shutdown message), so one rerun is allowed and the
 # cell is shown as ``pass*`` rather than hidden.
 FLAKY = "flaky"
+# Passed where the bug should show, then failed when run again at once: a race reproduced on the second
+# try is still reproduced; shown ``FAIL*``.
+FLAKY_FAIL = "flaky-fail"
 
 
 @dataclass
@@ -64,12 +67,12 @@ class Cell:
     def unexpected(self) -> bool:
         if self.outcome == NOT_RUN:
             return False
-        outcome = {FLAKY: PASS, CANNOT_RUN: FAIL}.get(self.outcome, self.outcome)
+        outcome = {FLAKY: PASS, FLAKY_FAIL: FAIL, CANNOT_RUN: FAIL}.get(self.outcome, self.outcome)
         return outcome != self.expected
 
     def label(self) -> str:
         labels = {PASS: "pass", FLAKY: "pass*", FAIL: "FAIL", ERROR: "ERR", SKIP: "skip", MISSING: "-"}
-        labels.update({CANNOT_RUN: "n/a", NOT_RUN: "."})
+        labels.update({CANNOT_RUN: "n/a", NOT_RUN: ".", FLAKY_FAIL: "FAIL*"})
         if self.upstream:
             labels.update({PASS: "up", FLAKY: "up*"})
         text = labels.get(self.outcome, "?")
@@ -159,6 +162,8 @@ def render(title: str, ev: Evaluation, series: Sequence[str]) -> str:
         lines.append(". = before the stage preceding the test's patch: not run (--every-stage runs them all)")
     if any(c.outcome == FLAKY for row in ev.rows.values() for c in row.values()):
         lines.append("pass* = failed, then passed when run again at once (see the stage-K-rerun logs)")
+    if any(c.outcome == FLAKY_FAIL for row in ev.rows.values() for c in row.values()):
+        lines.append("FAIL* = passed where the bug should show, then reproduced it when run again at once")
     return "\n".join(ln.rstrip() for ln in lines)
 
 
@@ -330,11 +335,19 @@ def _verify_line(
                 for n, o in result.items()
                 if o in (FAIL, ERROR) and _should_pass(n, k, fixed_by, introduced_by, series, upstream)
             ]
-            if again and not error:
+            unreproduced = [
+                n
+                for n, o in result.items()
+                if o == PASS
+                and n in fixed_by
+                and not _should_pass(n, k, fixed_by, introduced_by, series, upstream)
+            ]
+            if (again or unreproduced) and not error:
                 rerun, *_ = run_stage(
-                    python, res.code(k), out_dir, f"stage-{k}-rerun", None, layout.root, again
+                    python, res.code(k), out_dir, f"stage-{k}-rerun", None, layout.root, again + unreproduced
                 )
                 result.update({n: FLAKY for n in again if rerun.get(n) == PASS})
+                result.update({n: FLAKY_FAIL for n in unreproduced if rerun.get(n) in (FAIL, CANNOT_RUN)})
             got.update(result)
             outcomes[k] = got
             counts = {o: list(result.values()).count(o) for o in (PASS, FLAKY, FAIL, CANNOT_RUN, ERROR, SKIP)}

@@ -133,3 +133,12 @@ def test_cells_not_run_by_the_plan_are_never_unexpected() -> None:
     # A planned stage whose result is missing still is.
     outcomes[2] = {}
     assert not evaluate(outcomes, {"t::a": "0002-b.patch"}, SERIES).ok
+
+
+def test_a_bug_reproduced_on_the_rerun_is_expected_but_labelled() -> None:
+    from tools.verify import FLAKY_FAIL
+
+    outcomes = {0: {"t::a": FLAKY_FAIL}, 1: {"t::a": "pass"}}
+    ev = evaluate(outcomes, {"t::a": "0001-a.patch"}, SERIES)
+    assert ev.ok
+    assert [c.label() for c in ev.rows["t::a"].values()] == ["FAIL*", "pass"]
