@@ -1,5 +1,5 @@
 /*
- * The final stage (patches 8 to 10): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
+ * The final stage (patches 8 to 11): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
  * model/overlay.sha256 (review this model whenever that file changes, then `python -m tools model
  * --rehash`).
  *
@@ -7,17 +7,31 @@
  * goes only to an idle worker; results are read without blocking and a frame is delivered only once
  * complete; a dead worker is found by waitid(WNOWAIT) (_exited) and handled in _reap_workers: patch 9
  * first SIGKILLs what the worker started (its session), which touches no pipe or key and is not
- * modelled, then calls _reap_worker, modelled as one step as before. Patch 10's handoff thread
- * (reads results and sends pending workloads to idle workers, under the executor's lock, while the
- * scheduler's thread waits) and its prefetch are NOT modelled: this model checks the protocol with
- * one executor thread. SIGKILL of any
- * worker at any step (the Killer, up to KILLS times); SIGTERM of the executor while it writes a
- * workload (up to TERMS times): the scheduler's handler raises SystemExit inside the write, and the
- * scheduler then calls end(). With TERM_AFTER_WRITE the SystemExit may also come after the last byte,
- * while _send_workload is still inside its try (Python runs a handler at its next bytecode check).
+ * modelled, then calls _reap_worker, modelled as one step.
  *
- * Keys are 1..K, all handed over in one _process_workloads batch; a worker sends a running frame
- * (RUNF units) and a terminal frame (R units) per workload; workloads are W units; None is 1 unit.
+ * Two executor threads (patches 10 and 11). The handoff thread (proctype Handoff) is, while it runs,
+ * the only writer of workloads: under the executor's lock it reads results (marking a worker idle when
+ * its terminal result comes) and sends pending workloads to idle live workers ("_dispatch_pending(
+ * spawn=False)"). The scheduler's thread (proctype Executor) changes state only in blocks under the
+ * lock with SIGTERM and SIGINT held off ("with self._lock, self._held_off:"), each modelled as one
+ * atomic step: it applies results, reaps, starts workers and wakes the thread; it never writes a
+ * workload while the thread runs. SIGTERM (up to TERMS times) is handled only in the scheduler's
+ * thread and only between its blocks (a held-off one is re-raised right after its block), at any
+ * point of its loop, whatever the handoff thread is doing, even part way through a write; then the
+ * scheduler calls end(). The prefetch (how many workloads the scheduler hands over) is not modelled:
+ * all K are handed over in one _process_workloads batch.
+ *
+ * Patch 11's start acknowledgement: a worker writes a STARTED frame (ACKF units) as soon as it has
+ * forked the task process ("os.register_at_fork(after_in_parent=acknowledge_start)"); a workload whose
+ * worker died before that frame was read is put back at the front of _pending (up to MAXRD times) and
+ * goes to another worker, one that started is failed. The task process forked before the frame dies
+ * with the worker's session (_kill_left_behind, not modelled); the model takes, as the overlay does,
+ * that it has done nothing worth keeping before the frame is complete: ranby[k] (the task started) is
+ * set once it is (-DNOACK leaves the acknowledgement out: a third of the states, every lost workload
+ * failed as before patch 11). SIGKILL of any worker at any step (the Killer, up to KILLS times).
+ *
+ * Keys are 1..K; a worker sends a running frame (RUNF units), a STARTED frame (ACKF units) and a
+ * terminal frame (R units) per workload; workloads are W units; None is 1 unit.
  * Comments tagged @op name the real operation a step stands for (function: "a quote of the line"),
  * @wait what a process stuck there waits for; `python -m tools model` writes trails with them.
  */
@@ -37,6 +51,9 @@
 #ifndef RUNF
 #define RUNF 1
 #endif
+#ifndef ACKF
+#define ACKF 1
+#endif
 #define PILL 1
 #ifndef KILLS
 #define KILLS 1
@@ -44,8 +61,18 @@
 #ifndef TERMS
 #define TERMS 1
 #endif
+#ifndef MAXRD
+#define MAXRD 3        /* LocalExecutor.max_redispatch */
+#endif
 
 #include "pipes.pml"
+
+#ifdef NOACK
+#define ACKON false
+#else
+#define ACKON true
+#endif
+#define ST_STARTED 4   /* STARTED = "lepatch:started" */
 
 #define IN(w) (w)
 #define OUT(w) (N + (w))
@@ -62,6 +89,7 @@ byte gen[N];
 byte wpid[N];
 byte phase[N];
 byte wkey[N];          /* self._worker_tasks[pid] */
+bool unst[N];          /* pid in self._unstarted */
 byte rbuf[N];          /* len(_ResultReader.buffer) */
 chan infr[N] = [2] of { byte };          /* keys of the frames in the input pipe, oldest first; 0 = None */
 chan outfr[N] = [3] of { byte, byte };   /* (key, state) of the frames in the result pipe and buffer */
@@ -69,18 +97,26 @@ chan outfr[N] = [3] of { byte, byte };   /* (key, state) of the frames in the re
 byte pq[K];            /* self._pending */
 byte pqn;
 byte dcount[K + 1];    /* self._dispatch_counts; nonzero: the key is in self.running */
+byte rd[K + 1];        /* self._redispatched */
+byte arr[K + 1];       /* self._arrived: the pid of a released terminal result of the key, read, not applied */
 byte outcome[K + 1];
 byte ranby[K + 1];     /* _pid of the worker that started the key */
 byte kills;
 byte terms;
-bool in_end;
+byte lk;               /* self._lock: 1 while the handoff thread holds it (the scheduler's blocks are atomic) */
+bool woken;            /* a byte in the wakeup pipe */
+bool hstop;            /* self._handoff_stop */
+bool hdone;            /* the handoff thread has returned */
 
 #define SLOTS_USED ((inuse[0] -> 1 : 0) + (N > 1 && inuse[1] -> 1 : 0) + (N > 2 && inuse[2] -> 1 : 0))
 #define IDLE(i) (N > i && inuse[i] && alive[i] && wkey[i] == 0)
 #define HASIDLE (IDLE(0) || IDLE(1) || IDLE(2))
+#define IDLES ((IDLE(0) -> 1 : 0) + (IDLE(1) -> 1 : 0) + (IDLE(2) -> 1 : 0))
 #define REAPABLE(i) (N > i && inuse[i] && !alive[i])
 #define READABLE(i) (N > i && inuse[i] && plen[OUT(i)] > 0)
-#define SOMEREADY (REAPABLE(0) || REAPABLE(1) || REAPABLE(2) || READABLE(0) || READABLE(1) || READABLE(2))
+#define ANYREADABLE (READABLE(0) || READABLE(1) || READABLE(2))
+#define SOMEREADY (REAPABLE(0) || REAPABLE(1) || REAPABLE(2) || ANYREADABLE)
+#define ARRIVED (arr[1] != 0 || (K > 1 && arr[2] != 0) || (K > 2 && arr[3] != 0) || (K > 3 && arr[4] != 0))
 #define ALLENDED ((outcome[1] != NONE) && (K < 2 || outcome[2] != NONE) && (K < 3 || outcome[3] != NONE) \
                   && (K < 4 || outcome[4] != NONE))
 
@@ -96,34 +132,45 @@ proctype Worker(byte w; byte g) {
         :: d_step {
                /* @op worker: _run_worker "workload = input.recv()" reads a workload */
                plen[IN(w)] > 0 -> infr[w]?<k>; need = (k == 0 -> PILL : W); phase[w] = PH_READ;
-               pipe_take(IN(w), need, n)
+               pipe_take(IN(w), need, n); n = 0
            };
            do  /* @wait worker: "input.recv()": the rest of the frame */
            :: d_step { need == 0 -> infr[w]?k; assert(!corrupt[IN(w)]); phase[w] = (k == 0 -> PH_IDLE : PH_RUN) };
               break
-           :: d_step { need > 0 && plen[IN(w)] > 0 -> pipe_take(IN(w), need, n) }  /* @op worker: "input.recv()" reads more of the frame */
+           :: d_step { need > 0 && plen[IN(w)] > 0 -> pipe_take(IN(w), need, n); n = 0 }  /* @op worker: "input.recv()" reads more of the frame */
            od;
            if
            :: k == 0 -> break  /* @op worker: "if workload is None: return" (poison pill) */
            :: else
            fi;
-           /* "_send_result(output, (key, workload.running_state, None))" */
            rem = RUNF;
-           d_step { WRITABLE(OUT(w)) -> outfr[w]!k, ST_RUNNING; pipe_put(OUT(w), rem, n) };  /* @op worker: _send_result(running) */
+           d_step { WRITABLE(OUT(w)) -> outfr[w]!k, ST_RUNNING; pipe_put(OUT(w), rem, n); n = 0 };  /* @op worker: "_send_result(output, (key, workload.running_state, None))" */
            do  /* @wait worker: _send_result(running) "os.write": the result pipe is full */
-           :: rem == 0 -> ranby[k] = _pid; break  /* @op worker: "BaseExecutor.run_workload(workload, ...)" starts the task */
-           :: d_step { rem > 0 && WRITABLE(OUT(w)) -> pipe_put(OUT(w), rem, n) }
+           :: rem == 0 -> break
+           :: d_step { rem > 0 && WRITABLE(OUT(w)) -> pipe_put(OUT(w), rem, n); n = 0 }
            od;
+#ifndef NOACK
+           /* "BaseExecutor.run_workload(workload, ...)" forks the task process; right after the fork, in the
+              worker, acknowledge_start ("os.register_at_fork(after_in_parent=acknowledge_start)") */
+           rem = ACKF;
+           d_step { WRITABLE(OUT(w)) -> outfr[w]!k, ST_STARTED; pipe_put(OUT(w), rem, n); n = 0 };  /* @op worker: acknowledge_start "_send_result(output, (key, STARTED, None))" */
+           do  /* @wait worker: _send_result(STARTED) "os.write": the result pipe is full */
+           :: rem == 0 -> ranby[k] = _pid; break  /* @op worker: "BaseExecutor.run_workload(workload, ...)": the task runs */
+           :: d_step { rem > 0 && WRITABLE(OUT(w)) -> pipe_put(OUT(w), rem, n); n = 0 }
+           od;
+#else
+           ranby[k] = _pid;
+#endif
            rem = R;
            d_step {  /* @wait worker: _send_result "os.write": the result pipe is full */
-               /* @op worker: _send_result(success) "os.write(output.fileno(), frame)" first page */
-               WRITABLE(OUT(w)) -> outfr[w]!k, ST_DONE; phase[w] = PH_WRITE; pipe_put(OUT(w), rem, n)
+               /* @op worker: "_send_result(output, (key, workload.success_state, None))" first page */
+               WRITABLE(OUT(w)) -> outfr[w]!k, ST_DONE; phase[w] = PH_WRITE; pipe_put(OUT(w), rem, n); n = 0
            };
            do  /* @wait worker: _send_result "os.write": the result pipe is full */
            :: rem == 0 -> break
-           :: d_step { rem > 0 && WRITABLE(OUT(w)) -> pipe_put(OUT(w), rem, n) }  /* @op worker: _send_result "os.write" another page */
+           :: d_step { rem > 0 && WRITABLE(OUT(w)) -> pipe_put(OUT(w), rem, n); n = 0 }  /* @op worker: _send_result "os.write" another page */
            od;
-           phase[w] = PH_IDLE
+           atomic { phase[w] = PH_IDLE; k = 0 }
         od;
         atomic { alive[w] = false; rgone[IN(w)] = true }  /* @op worker: exits */
     } unless { gen[w] != g || !alive[w] }  /* @op worker: killed: the process is gone */
@@ -154,7 +201,8 @@ inline spawn(i) {
     :: outfr[i]?_, _
     :: empty(outfr[i]) -> break
     od;
-    rbuf[i] = 0; wkey[i] = 0; phase[i] = PH_IDLE; inuse[i] = true; alive[i] = true; gen[i] = gen[i] + 1;
+    rbuf[i] = 0; wkey[i] = 0; unst[i] = false; phase[i] = PH_IDLE; inuse[i] = true; alive[i] = true;
+    gen[i] = gen[i] + 1;
     wpid[i] = run Worker(i, gen[i])
 }
 
@@ -167,21 +215,17 @@ inline end_dispatch(k, how) {
     fi
 }
 
-inline handle_result(w, k, st) {
-    /* _handle_result ("if pid not in self.workers: return" never holds: a reaped worker's pipe is read
-       before "del self.workers[pid]"); running: "self.change_state(key, state, remove_running=False)" */
+inline collect_frame(w, k, st) {
+    /* _collect: "if state == STARTED: if self._worker_tasks.get(pid) == key: self._unstarted.pop(pid, None)";
+       "released = state is not None and state != ... and self._worker_tasks.get(pid) == key";
+       "if released:" ... "del self._worker_tasks[pid]"; "self._arrived.append((pid, key, state, exc, released))".
+       A result that is not released is a no-op once applied (_handle_result: "elif released or
+       self._worker_tasks.get(pid) == key:" cannot hold later: the key goes to another pid only once
+       this one is reaped), and so is a running one: only released ones are kept. */
     if
-    :: st == ST_RUNNING -> skip
-    :: st != ST_RUNNING && wkey[w] != k -> skip  /* "elif self._worker_tasks.get(pid) == key:" does not hold */
-    :: st != ST_RUNNING && wkey[w] == k ->
-       wkey[w] = 0;  /* "del self._worker_tasks[pid]" */
-       if
-       :: dcount[k] > 0 ->
-          /* no result is reported for a key other than its own: it came from the worker that ran it */
-          assert(ranby[k] == wpid[w]);
-          end_dispatch(k, SUCCESS)  /* "if key in self.running: self._finish_dispatch(key, state, exc)" */
-       :: else
-       fi
+    :: st == ST_STARTED && wkey[w] == k -> unst[w] = false
+    :: st == ST_DONE && wkey[w] == k -> unst[w] = false; wkey[w] = 0; arr[k] = wpid[w]
+    :: else
     fi
 }
 
@@ -193,40 +237,69 @@ inline read_output(w) {
     :: empty(outfr[w]) -> break
     :: nempty(outfr[w]) ->
        outfr[w]?<k, st>;
-       n = (st == ST_RUNNING -> RUNF : R);
+       n = (st == ST_RUNNING -> RUNF : (st == ST_STARTED -> ACKF : R));
        if
-       :: rbuf[w] >= n -> outfr[w]?k, st; rbuf[w] = rbuf[w] - n; handle_result(w, k, st)
+       :: rbuf[w] >= n -> outfr[w]?k, st; rbuf[w] = rbuf[w] - n; collect_frame(w, k, st)
        :: else -> break
        fi
-    od
+    od;
+    k = 0; st = 0; n = 0
 }
 
-inline read_results() {
-    /* _read_results: "for conn, pid in readers.items(): if conn in ready: ... self._outputs[pid].read()" */
+inline collect_all() {
+    /* _collect: "for pid in list(self._outputs) if pids is None else pids:" */
     for (i : 0 .. N - 1) {
-        d_step { if :: inuse[i] -> read_output(i) :: else fi }  /* @op executor: _read_results reads a worker's result pipe */
+        if :: inuse[i] -> read_output(i) :: else fi
+    }
+}
+
+inline apply_arrived() {
+    /* _apply_arrived: "self._handle_result(pid, key, state, exc, released=released)": "if key in
+       self.running: self._finish_dispatch(key, state, exc)" (the pid is still in self.workers: _reap_worker
+       applies what arrived before "del self.workers[pid]") */
+    for (n : 1 .. K) {
+        if
+        :: arr[n] != 0 ->
+           if
+           :: dcount[n] > 0 ->
+              /* no result is reported for a key other than its own: it came from the worker that ran it */
+              assert(ranby[n] == arr[n]);
+              end_dispatch(n, SUCCESS)
+           :: else
+           fi;
+           arr[n] = 0
+        :: else
+        fi
     }
 }
 
 inline fail_lost(w) {
-    /* _fail_lost_workload: "key = self._worker_tasks.pop(pid, None)"; "if key is not None and key in
-       self.running:" ... "self._finish_dispatch(key, state_class_for_key(key).FAILED, ...)" */
-    k = wkey[w]; wkey[w] = 0;
+    /* _fail_lost_workload: "unstarted = self._unstarted.pop(pid, None)"; "key = self._worker_tasks.pop(pid, None)";
+       "if key is None or key not in self.running: return" */
+    k = wkey[w]; wkey[w] = 0; st = unst[w]; unst[w] = false;
     if
-    :: k != 0 && dcount[k] > 0 -> assert(!alive[w]); end_dispatch(k, FAILED)
+    :: k != 0 && dcount[k] > 0 && st && rd[k] < MAXRD ->
+       /* "if redispatched < self.max_redispatch:" ... "self._pending.appendleft(unstarted)" */
+       assert(ranby[k] == 0);  /* re-dispatched: never started */
+       rd[k]++;
+       for (n : 1 .. K - 1) { pq[K - n] = pq[K - n - 1] }
+       pq[0] = k; pqn++
+    :: k != 0 && dcount[k] > 0 && !(st && rd[k] < MAXRD) ->
+       /* "self._finish_dispatch(key, state_class_for_key(key).FAILED, ...)" */
+       assert(!alive[w]); end_dispatch(k, FAILED)
     :: else
     fi
 }
 
 inline reap(w) {
-    /* _reap_worker: "for key, state, exc in output.read(): self._handle_result(...)", drop a partial
-       frame, close both pipes, "del self.workers[pid]", join, "self._fail_lost_workload(pid)" */
-    d_step { inuse[w] = false; read_output(w); rbuf[w] = 0; fail_lost(w) }  /* @op executor: _reap_worker */
+    /* _reap_worker: "self._collect([pid])"; "self._apply_arrived()", drop a partial frame, close both
+       pipes, "del self.workers[pid]", join, "self._fail_lost_workload(pid)" */
+    read_output(w); apply_arrived(); inuse[w] = false; rbuf[w] = 0; fail_lost(w)
 }
 
 inline reap_dead() {
-    /* _check_workers: "if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]",
-       then _reap_workers: _kill_left_behind (not modelled), then _reap_worker for each */
+    /* "if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]": "self._reap_workers(dead)":
+       _kill_left_behind (not modelled), then _reap_worker for each */
     for (i : 0 .. N - 1) {
         if
         :: inuse[i] && !alive[i] -> reap(i)
@@ -235,150 +308,179 @@ inline reap_dead() {
     }
 }
 
-inline idle_worker() {
-    /* _idle_worker: "if pid not in self._worker_tasks and not _exited(proc): return pid", else fork every
-       missing worker ("self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))") */
-    w = N;
-    for (i : 0 .. N - 1) {
-        if
-        :: w == N && inuse[i] && alive[i] && wkey[i] == 0 -> w = i
-        :: else
-        fi
-    }
+inline start_workers() {
+    /* "self._start_workers(len(self._pending))": "missing = min(wanted - idle, self.parallelism -
+       len(self.workers))"; with fork "self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))" */
     if
-    :: w == N && SLOTS_USED < N ->
-       atomic {
-           for (i : 0 .. N - 1) {
-               if
-               :: !inuse[i] -> spawn(i); if :: w == N -> w = i :: else fi
-               :: else
-               fi
-           }
+    :: pqn > IDLES && SLOTS_USED < N ->
+       for (i : 0 .. N - 1) {
+           if
+           :: !inuse[i] -> spawn(i)
+           :: else
+           fi
        }
     :: else
     fi
 }
 
-inline send_workload(w, k, size) {
-    /* _send_workload: "self._inputs[pid].send_bytes(data)" */
-    res = 0;
+inline check_workers() {
+    /* _check_workers, one block "with self._lock, self._held_off:": "self._read_results()" (_collect,
+       _apply_arrived), reap the dead, then (the handoff thread runs) "elif self._pending:"
+       "self._start_workers(len(self._pending))"; "self._wake_handoff()" */
+    atomic {
+        lk == 0;
+        collect_all(); apply_arrived();
+        reap_dead();
+        if
+        :: pqn > 0 -> start_workers(); woken = true
+        :: else
+        fi;
+        i = 0; k = 0; st = 0; n = 0
+    }
+}
+
+/* The handoff thread: "while not self._handoff_stop.is_set():" wait for a result (while a workload is
+   pending) or a wakeup, then under the lock read results and hand pending workloads over. */
+proctype Handoff() {
+    byte w, k, st, i, n, rem;
+    do  /* @wait handoff: _handoff_loop "multiprocessing.connection.wait([*conns, wakeup])" */
+    :: d_step {
+           /* @op handoff: _handoff_loop "with self._lock:" ... "self._collect()" */
+           lk == 0 && (woken || (pqn > 0 && ANYREADABLE)) -> lk = 1; woken = false;
+           if :: !hstop -> collect_all() :: else fi;
+           i = 0
+       };
+       if
+       :: hstop -> lk = 0; break  /* @op handoff: "if self._handoff_stop.is_set(): return" */
+       :: else
+       fi;
+       /* "self._dispatch_pending(spawn=False)": "while self._pending:" */
+       do
+       :: d_step { pqn == 0 || !HASIDLE -> lk = 0; w = 0; k = 0 }; break  /* @op handoff: _dispatch_pending "if pid is None: ... return", releases the lock */
+       :: d_step {
+              /* "pid = self._idle_worker(spawn)": "if pid not in self._worker_tasks and not _exited(proc): return pid" */
+              pqn > 0 && HASIDLE ->
+              w = (IDLE(0) -> 0 : (IDLE(1) -> 1 : 2));
+              /* "workload, taken_from = self._pending.popleft()"; "self._worker_tasks[pid] = workload.key";
+                 "self._unstarted[pid] = (workload, taken_from)" */
+              k = pq[0];
+              for (i : 1 .. K - 1) { pq[i - 1] = pq[i] }
+              pq[K - 1] = 0; pqn--; wkey[w] = k; unst[w] = ACKON;
+              /* _send_workload: "self._inputs[pid].send_bytes(data)" starts a frame */
+              if
+              :: owed[IN(w)] > 0 -> corrupt[IN(w)] = true
+              :: else
+              fi;
+              infr[w]!k; owed[IN(w)] = W; rem = W; i = 0
+          };  /* @op handoff: _dispatch_pending "workload, taken_from = self._pending.popleft()" */
+          do  /* @wait handoff: _send_workload "send_bytes(data)": the input pipe is full (holding the lock) */
+          :: rem == 0 -> break
+          :: d_step { rem > 0 && !rgone[IN(w)] && WRITABLE(IN(w)) -> pipe_put(IN(w), rem, n); n = 0; owed[IN(w)] = rem }  /* @op handoff: _send_workload "self._inputs[pid].send_bytes(data)" writes a page */
+          :: d_step {
+                 /* BrokenPipeError: "self.workers[pid].kill()"; "del self._worker_tasks[pid]";
+                    "self._unstarted.pop(pid, None)"; "if not spawn:" "self._pending.appendleft((workload, taken_from))"; "return" */
+                 rem > 0 && rgone[IN(w)] ->
+                 if :: alive[w] -> sigkill(w) :: else fi;
+                 wkey[w] = 0; unst[w] = false;
+                 assert(ranby[k] == 0);  /* back in the deque: never started */
+                 for (i : 1 .. K - 1) { pq[K - i] = pq[K - i - 1] }
+                 pq[0] = k; pqn++; lk = 0; w = 0; k = 0; i = 0; rem = 0
+             };  /* @op handoff: _dispatch_pending "self._pending.appendleft((workload, taken_from))"; "return" */
+             goto released
+          od
+       od;
+released:
+       skip
+    od;
+    hdone = true  /* @op handoff: the thread has returned */
+}
+
+inline send_pill(w) {
+    /* end(): "self._send_workload(pid, None)" ("with contextlib.suppress(OSError):"); the handoff thread has
+       stopped: nothing else writes */
     d_step {
         if
         :: owed[IN(w)] > 0 -> corrupt[IN(w)] = true
         :: else
         fi;
-        infr[w]!k; owed[IN(w)] = size; rem = size
+        infr[w]!0; owed[IN(w)] = PILL; rem = PILL
     };
-    do  /* @wait executor: _send_workload "send_bytes(data)": the input pipe is full */
+    do  /* @wait executor: end() _send_workload(pid, None) "send_bytes(data)": the input pipe is full */
     :: rem == 0 -> break
-    :: d_step { rem > 0 && !rgone[IN(w)] && WRITABLE(IN(w)) -> pipe_put(IN(w), rem, n); owed[IN(w)] = rem }  /* @op executor: _send_workload "send_bytes(data)" writes a page */
-    :: d_step { rem > 0 && rgone[IN(w)] -> res = 1 }; break  /* @op executor: _send_workload "send_bytes" fails: BrokenPipeError */
-    :: d_step { rem > 0 && k != 0 && !in_end && terms < TERMS -> terms++; res = 2 }; break  /* @op executor: SIGTERM: SystemExit raised inside "send_bytes(data)" */
-    od;
-#ifdef TERM_AFTER_WRITE
-    if
-    :: d_step { res == 0 && k != 0 && !in_end && terms < TERMS -> terms++; res = 2 }  /* @op executor: SIGTERM: SystemExit raised after "send_bytes(data)" wrote the last byte, still inside its try */
-    :: else
-    fi;
-#endif
-    if
-    :: res != 0 -> d_step { if :: alive[w] -> sigkill(w) :: else fi }  /* @op executor: _send_workload except: "self.workers[pid].kill()" */
-    :: else
-    fi
-}
-
-inline dispatch_pending() {
-    /* _dispatch_pending: "while self._pending:" */
-    do
-    :: pqn == 0 -> break
-    :: pqn > 0 ->
-       idle_worker();
-       if
-       :: w == N -> break  /* "if pid is None: ... return" */
-       :: else
-       fi;
-       d_step {
-           /* "workload, taken_from = self._pending.popleft()"; "self._worker_tasks[pid] = workload.key" */
-           k = pq[0];
-           for (i : 1 .. K - 1) { pq[i - 1] = pq[i] }
-           pq[K - 1] = 0; pqn--; wkey[w] = k
-       };
-       send_workload(w, k, W);
-       if
-       :: res == 1 ->
-          /* "except BrokenPipeError:" keep it for the next worker, then reap this one */
-          d_step {
-              wkey[w] = 0;
-              assert(ranby[k] == 0);  /* re-dispatched: never started */
-              for (i : 1 .. K - 1) { pq[K - i] = pq[K - i - 1] }
-              pq[0] = k; pqn++
-          };  /* @op executor: _dispatch_pending "self._pending.appendleft((workload, taken_from))" */
-          reap(w)
-       :: res == 2 ->
-          /* "except BaseException:" _undo_dispatches: the key goes back to its queue, then re-raise */
-          d_step {
-              wkey[w] = 0;
-              dcount[k] = dcount[k] - 1;
-              assert(dcount[k] == 0 && outcome[k] == NONE);
-              assert(ranby[k] == 0);  /* given back to the scheduler: never started */
-              outcome[k] = QUEUED
-          };  /* @op executor: _dispatch_pending "self._undo_dispatches([workload], [taken_from])"; raise */
-          break
-       :: res == 0
-       fi
+    :: d_step { rem > 0 && !rgone[IN(w)] && WRITABLE(IN(w)) -> pipe_put(IN(w), rem, n); n = 0; owed[IN(w)] = rem }  /* @op executor: end() "self._send_workload(pid, None)" writes */
+    :: d_step { rem > 0 && rgone[IN(w)] -> if :: alive[w] -> sigkill(w) :: else fi }; break  /* @op executor: end() "self._send_workload(pid, None)" fails: BrokenPipeError, suppressed */
     od
 }
 
-inline check_workers() {
-    /* _check_workers: "self._read_results()", reap the dead, "self._dispatch_pending()" */
-    read_results();
-    reap_dead();
-    dispatch_pending()
-}
-
-/* the executor's wait(readers + sentinels, timeout) in a loop: nothing changes until one is ready, so
-   the model waits for that (or for every other process to be stuck, Promela's timeout) */
-#define SYNC_READY (SOMEREADY || (pqn > 0 && (HASIDLE || SLOTS_USED < N)))
+/* The scheduler calls sync() every heartbeat: nothing its blocks look at changes until a result or a dead
+   worker is there, a result the handoff thread read waits to be applied, or a pending workload needs a
+   worker started or the thread woken; the model waits for that (or for every other process to be stuck,
+   Promela's timeout). */
+#define SYNC_READY (SOMEREADY || ARRIVED || (pqn > 0 && !woken && (HASIDLE || SLOTS_USED < N)))
 
 active proctype Executor() {
-    byte w, k, st, i, n, rem, res;
-    /* start(): "self._spawn_workers_with_gc_freeze(self.parallelism)" */
+    byte w, k, st, i, n, rem;
+    /* start(): "self._spawn_workers_with_gc_freeze(self.parallelism)"; "self._start_handoff()" */
     atomic {
-        for (i : 0 .. N - 1) { spawn(i) }
+        for (i : 0 .. N - 1) { spawn(i) };
+        run Handoff()
     };
-    /* _process_workloads: "taken_from = self._take_queued(workload)"; "self.running.add(key)";
-       "self._dispatch_counts[key] = ..."; "self._pending.append((workload, taken_from))" */
+    /* _process_workloads: "with self._lock, self._held_off:" ... "taken_from = self._take_queued(workload)";
+       "self.running.add(key)"; "self._dispatch_counts[key] = ..."; "self._pending.append((workload, taken_from))" */
     d_step {
+        lk == 0;
         for (i : 1 .. K) { dcount[i] = 1; pq[i - 1] = i }
         pqn = K
     };
+    if
+    :: terms < TERMS -> terms++; goto sigterm  /* @op executor: SIGTERM: SystemExit right after a "with self._lock, self._held_off:" block */
+    :: true
+    fi;
     check_workers();  /* @op executor: _process_workloads "self._check_workers()" */
     /* the scheduler: sync() every heartbeat until every key has ended */
     do  /* @wait executor: sync(): a result or a dead worker */
-    :: res == 2 -> break
     :: ALLENDED -> break
-    :: !ALLENDED && res != 2 && SYNC_READY -> check_workers()  /* @op executor: sync() "self._check_workers()" */
+    :: !ALLENDED && SYNC_READY -> check_workers()  /* @op executor: sync() "self._check_workers()" */
+    :: terms < TERMS -> terms++; goto sigterm  /* @op executor: SIGTERM: SystemExit between two "with self._lock, self._held_off:" blocks */
     :: timeout -> break  /* nothing can move any more: the scheduler stops the executor */
     od;
-    /* end() */
-    in_end = true;
-    /* "while self._pending: self._read_results(timeout=0.1); self._check_workers()" */
+sigterm:
+    /* end(): "while self._pending: self._read_results(timeout=0.1); self._check_workers()" */
     do  /* @wait executor: end() "while self._pending": a result or a dead worker */
     :: pqn == 0 -> break
-    :: pqn > 0 && SYNC_READY -> read_results(); check_workers()  /* @op executor: end() "while self._pending:" */
+    :: pqn > 0 && SYNC_READY -> check_workers()  /* @op executor: end() "while self._pending:" */
     od;
-    /* "for pid in list(self.workers): ... self._send_workload(pid, None)" */
+    /* "self._stop_handoff()": "self._handoff_stop.set()"; "self._wake_handoff()"; "thread.join(timeout=1.0)" */
+    hstop = true; woken = true;
+    hdone;  /* @wait executor: end() _stop_handoff "thread.join(timeout=1.0)" */
+    /* "for pid in list(self.workers):" */
     for (i : 0 .. N - 1) {
         if
-        :: inuse[i] -> w = i; send_workload(w, 0, PILL)  /* @op executor: end() "self._send_workload(pid, None)" */
+        :: inuse[i] -> w = i; send_pill(w)  /* @op executor: end() "self._send_workload(pid, None)" */
         :: else
         fi
     }
-    /* "while self.workers: self._read_results(timeout=0.1)" and reap the dead */
+    /* "while self.workers: self._read_results(timeout=0.1)"; "self._reap_workers(exited)" */
     do  /* @wait executor: end() "while self.workers": a result or a dead worker */
     :: SLOTS_USED == 0 -> break
-    :: SLOTS_USED > 0 && SOMEREADY -> read_results(); reap_dead()  /* @op executor: end() "while self.workers:" */
+    :: SLOTS_USED > 0 && SOMEREADY -> atomic { collect_all(); apply_arrived(); reap_dead() }  /* @op executor: end() "while self.workers:" */
     od;
+    /* finally, "with self._lock, self._held_off:": "self._undo_dispatches([w for w, _ in unsent], [q for _, q in unsent])":
+       a workload put back in the deque when its worker died unstarted, after the handoff thread stopped */
+    atomic {
+        for (i : 0 .. K - 1) {
+            if
+            :: i < pqn ->
+               k = pq[i];
+               dcount[k] = dcount[k] - 1;
+               assert(dcount[k] == 0 && outcome[k] == NONE);
+               assert(ranby[k] == 0);  /* given back to the scheduler: never started */
+               outcome[k] = QUEUED
+            :: else
+            fi
+        }
+        pqn = 0
+    };  /* @op executor: end() finally "self._undo_dispatches(...)" */
 end_done:
     /* every dispatched workload ended exactly once (end_dispatch asserts "once") */
     assert(ALLENDED)  /* @op executor: end() has returned */

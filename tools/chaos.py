@@ -235,7 +235,8 @@ def check(sched: dict[str, Any], obs: dict[str, Any], orphans_claimed: bool = Tr
         v.hang = obs["hang"] if obs["hang"].startswith(("hang", "error")) else f"hang: {obs['hang']}"
         return v
     tasks = {t["task_id"]: t for t in sched["tasks"]}
-    not_taken = set(obs.get("not_taken", []))
+    # Still queued when the loop stopped, or given back by end(): the scheduler's to run, not reported.
+    not_taken = set(obs.get("not_taken", [])) | set(obs.get("given_back", []))
     dispatched = [k for k in obs.get("dispatched", []) if k not in not_taken]
     killed_pids = {f["pid"] for f in v.faults if f["kind"] in KILLS and "pid" in f}
     terminated = bool(obs.get("terminated")) or any(f["kind"] == "sigterm" for f in v.faults)

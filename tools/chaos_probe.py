@@ -463,6 +463,10 @@ def run_one(sched: dict[str, Any], progress: str, watch: Any) -> dict[str, Any]:
     except SystemExit:
         obs["end_error"] = "SystemExit during end() (a late SIGTERM)"
     obs["end_s"] = round(time.monotonic() - t_end, 3)
+    # Keys end() gave back to their queue (taken, never sent to a worker: from patch 0011 on).
+    obs["given_back"] = sorted(
+        set(harness.label(key) for key in harness.queued(executor)) - set(obs["not_taken"])
+    )
     # At once: a task process end() left behind may still end by itself any moment.
     obs["after_end"] = task_processes.states()
     watch.disarm()

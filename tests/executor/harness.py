@@ -284,6 +284,15 @@ def airflow_line() -> str:
 def fake_run(workload: Any) -> None:
     """Act out ``workload.ti.executor_config["fake"]`` in a worker, instead of running a task."""
     spec = (workload.ti.executor_config or {}).get("fake", {})
+    if (die_once := spec.get("die_before_fork_once")) and not os.path.exists(die_once):
+        # A worker killed after it took the workload, before anything of it ran (once: the marker).
+        Path(die_once).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    # task-sdk's supervisor forks the task process before the task runs anything: so does this, first.
+    forked = os.fork()
+    if forked == 0:
+        os._exit(0)
+    os.waitpid(forked, 0)
     if spec.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Announce the start only once the workload is set up as asked, so a test reacting to it never
@@ -300,6 +309,16 @@ def fake_run(workload: Any) -> None:
         time.sleep(seconds)
     if fail_bytes := spec.get("fail_bytes"):
         raise RuntimeError("x" * fail_bytes)
+    if spec.get("fail_unloadable"):
+        raise NeedsResponse("HTTP 503 from the API", response=None)
+
+
+class NeedsResponse(Exception):
+    """Pickles (its args are only the message) but does not unpickle, as ``httpx.HTTPStatusError``."""
+
+    def __init__(self, message: str, response: Any) -> None:
+        super().__init__(message)
+        self.response = response
 
 
 MARK_INTERVAL = 0.05  # seconds between two marks of a task process

@@ -63,6 +63,19 @@ slot freed by a result nobody has read would wait up to that sleep and one more 
   workloads to idle live workers, under ``_lock``; everything that changes what the scheduler sees
   (``running``, the event buffer, failing a dead worker's key, reaping, starting workers) stays in the
   scheduler's thread.
+
+Every workload is in exactly one place, whenever the scheduler is interrupted:
+
+- while the handoff thread runs, it is the only one that writes workloads, so a signal handler (which
+  raises in the scheduler's thread only) never cuts a write, or the bookkeeping around it, in two; the
+  scheduler's thread holds SIGTERM's and SIGINT's handlers off while it moves a workload or a result
+  from one place to the next (``_HeldOff``), and ``end()`` queues again what no worker took;
+- a worker writes a start acknowledgement (``STARTED``) as soon as it has forked a workload's first
+  process (the task process). A task workload whose worker died before that frame was read never had
+  a task process (or had it killed with the worker's session before anything is decided): it goes to
+  another worker at once, and the task keeps its try. One that had started is failed, as before;
+- a result the executor cannot unpickle fails the key its worker held, naming what could not be read,
+  and leaves the worker idle: ``sync()`` does not raise.
 """
 
 from __future__ import annotations
@@ -81,7 +94,7 @@ import threading
 import time
 from collections import deque
 from multiprocessing.reduction import ForkingPickler
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from airflow.executors import workloads
 from airflow.executors.base_executor import BaseExecutor
@@ -96,15 +109,17 @@ else:
     setproctitle = lambda title, logger: real_setproctitle(title)
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Iterator, Sequence
+    from collections.abc import Callable, Collection, Iterator, Sequence
     from multiprocessing.connection import Connection
+    from types import FrameType
 
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.taskinstancekey import TaskInstanceKey as WorkloadKey
     from airflow.utils.state import TaskInstanceState as WorkloadState
 
     # What a worker reports on its own results pipe, which says who sent it.
-    LocalResult = tuple[WorkloadKey, WorkloadState | None, Exception | None]
+    # (The state is STARTED in a worker's start acknowledgement.)
+    LocalResult = tuple[WorkloadKey, WorkloadState | str | None, Exception | None]
 
 
 # macOS has no os.waitid: there a worker can only be waited for by reaping it (see _kill_left_behind()).
@@ -206,6 +221,13 @@ def _pidfd_exited(pidfd: int) -> bool:
 # A result frame: its length, then the pickled (key, state, exc).
 _FRAME_HEADER = struct.Struct("!Q")
 
+# The state of the frame a worker writes, once per workload, as soon as it has forked the workload's first
+# process (task-sdk's supervisor forks the task process before the task can do anything). A workload
+# whose worker died before this frame was read never started: the executor gives it to another worker.
+# After the fork, not before: a stop or kill signal pending during fork() aborts the fork, so a worker
+# caught in it has no task process yet.
+STARTED = "lepatch:started"
+
 
 def _send_result(output: Connection, result: LocalResult) -> None:
     """Write one result frame (blocking: only the executor reads this pipe, and it always does)."""
@@ -213,6 +235,13 @@ def _send_result(output: Connection, result: LocalResult) -> None:
     frame = memoryview(_FRAME_HEADER.pack(len(data)) + data)
     while frame:
         frame = frame[os.write(output.fileno(), frame) :]
+
+
+class _Unreadable(NamedTuple):
+    """A whole result frame that could not be unpickled: only a worker's terminal result carries objects."""
+
+    error: str
+    size: int
 
 
 class _ResultReader:
@@ -229,7 +258,7 @@ class _ResultReader:
         self.eof = False
         os.set_blocking(conn.fileno(), False)
 
-    def read(self) -> Iterator[LocalResult]:
+    def read(self) -> Iterator[LocalResult | _Unreadable]:
         """Yield each complete result waiting, oldest first."""
         while not self.eof:
             try:
@@ -243,10 +272,77 @@ class _ResultReader:
             end = _FRAME_HEADER.size + size
             if len(self.buffer) < end:
                 break
-            # Consume the frame before unpickling it: one that fails to unpickle is lost alone.
             data = bytes(self.buffer[_FRAME_HEADER.size : end])
             del self.buffer[:end]
-            yield ForkingPickler.loads(data)
+            try:
+                yield ForkingPickler.loads(data)
+            except Exception as e:
+                # It pickled in the worker but does not unpickle here (an exception whose constructor
+                # needs more arguments than it pickles, as httpx.HTTPStatusError): the frame was whole,
+                # so the stream stays in step, and the executor fails the key the worker held.
+                yield _Unreadable(f"{type(e).__name__}: {e}", len(data))
+
+
+class _HeldOff:
+    """
+    In the main thread, hold off SIGTERM's and SIGINT's Python handlers until the outermost block ends.
+
+    The scheduler's handlers raise (SystemExit, KeyboardInterrupt) wherever its thread is, and the
+    executor's state moves in several steps (a workload leaves its queue, then joins the deque; a result
+    leaves its pipe, then is applied). Held off, a signal that comes in between is handled right after
+    the block, with every workload in exactly one place. Used as ``with self._lock, self._held_off:``:
+    the lock's own ``with`` is atomic, and this one's ``__enter__`` undoes itself if a signal comes before
+    the handlers are swapped (after, none can raise). Another thread runs no signal handler: a no-op there.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.saved: dict[int, Callable[[int, FrameType | None], object]] = {}
+        self.caught: list[int] = []
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.caught.append(signum)
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if self.depth == 0:
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    handler = signal.getsignal(signum)
+                    if callable(handler) and handler != self._record:
+                        self.saved[signum] = handler  # first: a swap cut short leaves it restorable
+                        signal.signal(signum, self._record)
+            self.depth += 1
+        except BaseException:
+            if self.depth == 0:
+                self._restore()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            self._restore()
+
+    def _restore(self) -> None:
+        error: BaseException | None = None
+        for signum, handler in self.saved.items():
+            while True:
+                try:
+                    # A signal handled here runs the recorder or, once restored, the scheduler's handler:
+                    # every handler is restored before anything propagates.
+                    signal.signal(signum, handler)
+                    break
+                except BaseException as e:
+                    error = error or e
+        self.saved.clear()
+        caught, self.caught = self.caught, []
+        for signum in caught:
+            signal.raise_signal(signum)  # the scheduler's handler runs at the next bytecode
+        if error is not None:
+            raise error
 
 
 def _run_worker(
@@ -274,6 +370,18 @@ def _run_worker(
 
     log = logging.getLogger(logger_name)
     log.info("Worker starting up pid=%d", os.getpid())
+
+    # The key of the workload this worker runs until it writes its start acknowledgement, else None.
+    unacknowledged: list = [None]
+
+    def acknowledge_start() -> None:
+        # After a fork in this worker (the task process is its first), in the worker: the frame is complete
+        # before the task process can have done anything worth keeping (it is killed with this worker).
+        if (key := unacknowledged[0]) is not None:
+            unacknowledged[0] = None
+            _send_result(output, (key, STARTED, None))
+
+    os.register_at_fork(after_in_parent=acknowledge_start)
     if own_session is not None:
         log.warning(
             "Worker pid=%d could not start a session of its own (%s): if it dies, the task processes it "
@@ -308,13 +416,16 @@ def _run_worker(
             raise TypeError(f"Don't know how to get ti key from {type(workload).__name__}")
         # Say which worker took it: 3.1 reports no running state for a task.
         _send_result(output, (key, None, None))
+        unacknowledged[0] = key
 
         try:
             _execute_work(log, workload)
 
+            acknowledge_start()  # a workload that forked nothing started all the same
             _send_result(output, (key, TaskInstanceState.SUCCESS, None))
         except Exception as e:
             log.exception("uhoh")
+            acknowledge_start()
             _send_result(output, (key, TaskInstanceState.FAILED, e))
 
 
@@ -393,8 +504,14 @@ class LocalExecutor(BaseExecutor):
         # is waiting on it.
         self._worker_tasks: dict[int, WorkloadKey] = {}
         self._dispatch_counts: dict[WorkloadKey, int] = {}
+        # The task workload each busy worker was sent and has not acknowledged starting (STARTED), with
+        # the queue it was taken from: if that worker dies, the workload goes to another one.
+        self._unstarted: dict[int, tuple[workloads.All, dict]] = {}
+        self._redispatched: dict[WorkloadKey, int] = {}
+        self._held_off = _HeldOff()
         # Invariant: the handoff thread and the scheduler's thread touch ``workers``, the pipes,
-        # ``_worker_tasks``, ``_pending`` and ``_arrived`` only while holding it. Reentrant: reaping a
+        # ``_worker_tasks``, ``_unstarted``, ``_pending`` and ``_arrived`` only while holding it; the
+        # scheduler's thread holds off its stop signals meanwhile (``_held_off``). Reentrant: reaping a
         # worker applies its results, which may forget a pending workload.
         self._lock = threading.RLock()
         # Results read but not applied yet: (pid, key, state, exc, released). ``released``: it was its
@@ -417,6 +534,8 @@ class LocalExecutor(BaseExecutor):
         self._pending = deque()
         self._arrived = deque()
         self._worker_tasks.clear()
+        self._unstarted.clear()
+        self._redispatched.clear()
         self._dispatch_counts.clear()
 
         if self.is_mp_using_fork:
@@ -515,11 +634,34 @@ class LocalExecutor(BaseExecutor):
     def _collect(self, pids: Collection[int] | None = None) -> None:
         """Read every complete result waiting (never blocking); a terminal one makes its worker idle."""
         for pid in list(self._outputs) if pids is None else pids:
-            for key, state, exc in self._outputs[pid].read():
+            for result in self._outputs[pid].read():
+                state: WorkloadState | str | None
+                exc: object
+                if isinstance(result, _Unreadable):
+                    key = self._worker_tasks.get(pid)
+                    self.log.error(
+                        "Could not read the result of %s from worker pid=%s (%d bytes): %s; failing it",
+                        key,
+                        pid,
+                        result.size,
+                        result.error,
+                    )
+                    if key is None:
+                        continue
+                    state = _failed_state(key)
+                    exc = f"LocalExecutor could not read the result worker pid={pid} sent: {result.error}"
+                else:
+                    key, state, exc = result
+                if state == STARTED:
+                    if self._worker_tasks.get(pid) == key:
+                        self._unstarted.pop(pid, None)
+                    continue
                 released = state is not None and state != "running" and self._worker_tasks.get(pid) == key
                 if released:
+                    # Idle again, and the workload was done with: no longer one to give to another worker.
+                    self._unstarted.pop(pid, None)
                     del self._worker_tasks[pid]
-                self._arrived.append((pid, key, state, exc, released))
+                self._arrived.append((pid, key, cast("WorkloadState | None", state), exc, released))
 
     def _apply_arrived(self) -> None:
         """Apply the results read so far to what the scheduler sees (the scheduler's thread only)."""
@@ -529,15 +671,20 @@ class LocalExecutor(BaseExecutor):
 
     def _check_workers(self):
         """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
-        with self._lock:
+        with self._lock, self._held_off:
             self._read_results()
             # waitid, not the sentinel or EOF: a task process the worker forked keeps both open after the
             # worker itself is gone.
             if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
                 self._reap_workers(dead)
-            self._dispatch_pending()
-            if self._pending:
-                # It waits for the next worker to finish: the handoff thread watches for that.
+            if self._handoff is None:
+                self._dispatch_pending()
+            elif self._pending:
+                # Invariant: while the handoff thread runs, only it writes workloads. A signal handler
+                # raises only in this thread (SystemExit from the scheduler's SIGTERM handler), so no
+                # write is ever interrupted part way or after its last byte, and the thread's bookkeeping
+                # around a write is never cut in two. This thread only starts the workers it needs.
+                self._start_workers(len(self._pending))
                 self._wake_handoff()
 
     #: Seconds ``_kill_left_behind()`` waits for the SIGKILLed processes of a dead worker to die before it
@@ -688,11 +835,30 @@ class LocalExecutor(BaseExecutor):
         proc.close()
         self._fail_lost_workload(pid)
 
+    #: How many times a task workload whose worker died before starting it goes to another worker before
+    #: the executor fails it (a workload that kills every worker it reaches must not go round forever).
+    max_redispatch: int = 3
+
     def _fail_lost_workload(self, pid: int) -> None:
-        # The key is recorded when it is sent, so a worker that died before starting its workload fails
-        # it too: on 3.3 nothing else would ever release it (the scheduler's stuck-in-queued check does
-        # not fire for it), and failed, the scheduler retries it.
+        unstarted = self._unstarted.pop(pid, None)
         key = self._worker_tasks.pop(pid, None)
+        if key is None or key not in self.running:
+            return
+        if unstarted is not None:
+            redispatched = self._redispatched.get(key, 0)
+            if redispatched < self.max_redispatch:
+                # It never started (no STARTED frame came, and a worker writes one once it has forked
+                # the task process, which died with the worker's session): nothing of it runs, so it
+                # goes to another worker at once, still holding its slot, and the task keeps its try.
+                self.log.warning(
+                    "Worker pid=%s died before it started %s; giving it to another worker", pid, key
+                )
+                self._redispatched[key] = redispatched + 1
+                self._pending.appendleft(unstarted)
+                return
+        # A worker that died after starting its workload, or one that never started it too often: on 3.3
+        # nothing else would ever release the key (the scheduler's stuck-in-queued check does not fire for
+        # it), and failed, the scheduler retries it.
         if key is not None and key in self.running:
             self.log.error("Worker pid=%s died while holding %s; marking it failed", pid, key)
             self._finish_dispatch(key, _failed_state(key), f"LocalExecutor worker pid={pid} died")
@@ -716,10 +882,14 @@ class LocalExecutor(BaseExecutor):
                 return
             workload, taken_from = self._pending.popleft()
             self._worker_tasks[pid] = _workload_key(workload)
+            if isinstance(workload, workloads.ExecuteTask):
+                # Only a task's start is acknowledged by a fork (what else runs may run in the worker).
+                self._unstarted[pid] = (workload, taken_from)
             try:
                 self._send_workload(pid, workload)
             except BaseException as e:
                 del self._worker_tasks[pid]
+                self._unstarted.pop(pid, None)
                 if not spawn:
                     # The handoff thread: the scheduler's thread reaps the worker, or reports what cannot
                     # be sent, when it gets to this workload again.
@@ -746,6 +916,20 @@ class LocalExecutor(BaseExecutor):
             # this worker can take nothing more. It never got the whole workload, so it never started it.
             self.workers[pid].kill()
             raise
+
+    def _start_workers(self, wanted: int) -> None:
+        """Start workers, up to ``parallelism``, until ``wanted`` workloads would each find an idle one."""
+        busy = self._worker_tasks
+        idle = sum(1 for pid, proc in self.workers.items() if pid not in busy and not _exited(proc))
+        missing = min(wanted - idle, self.parallelism - len(self.workers))
+        if missing <= 0:
+            return
+        if self.is_mp_using_fork:
+            # All missing ones at once, with the GC frozen once (see _idle_worker()).
+            self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))
+        else:
+            for _ in range(missing):
+                self._spawn_worker()
 
     def _idle_worker(self, spawn: bool = True) -> int | None:
         """Return an idle live worker, starting one if all are busy and fewer than ``parallelism`` exist."""
@@ -824,12 +1008,12 @@ class LocalExecutor(BaseExecutor):
         """Read every complete result waiting, waiting up to ``timeout`` for a result or a worker exit."""
         if timeout:
             # Not under ``_lock``: the handoff thread hands workloads over meanwhile.
-            with self._lock:
+            with self._lock, self._held_off:
                 readers = [output.conn for output in self._outputs.values() if not output.eof]
                 sentinels = [proc.sentinel for proc in self.workers.values()]
             with contextlib.suppress(OSError, ValueError):  # a pipe the handoff thread's reap closed
                 multiprocessing.connection.wait([*readers, *sentinels], timeout)
-        with self._lock:
+        with self._lock, self._held_off:
             self._collect()
             self._apply_arrived()
 
@@ -856,17 +1040,21 @@ class LocalExecutor(BaseExecutor):
             "Shutting down LocalExecutor"
             "; waiting for running tasks to finish.  Signal again if you don't want to wait."
         )
-        self._stop_handoff()
         try:
             # Pending workloads were dispatched as far as the scheduler knows: run them before stopping.
+            # The handoff thread hands them over (this thread is the one a signal interrupts).
             while self._pending:
                 self._read_results(timeout=0.1)
                 self._check_workers()
+            self._stop_handoff()
 
             # Each worker gets its shutdown message on its own pipe, behind at most the workload it runs.
-            for pid in list(self.workers):
-                with contextlib.suppress(OSError):  # already gone: reaped below
-                    self._send_workload(pid, None)
+            # Under the lock: a handoff thread _stop_handoff() stopped waiting for may still be writing a
+            # workload (a large one, to a spawned worker still starting), and two writers tear frames.
+            with self._lock:
+                for pid in list(self.workers):
+                    with contextlib.suppress(OSError):  # already gone: reaped below
+                        self._send_workload(pid, None)
 
             # A worker cannot exit while it is blocked writing a result nobody reads: keep reading results
             # while waiting. A worker that is gone is reaped at once, whatever it left in its pipes, once
@@ -877,12 +1065,20 @@ class LocalExecutor(BaseExecutor):
                     self._reap_workers(exited)
         except (KeyboardInterrupt, SystemExit):
             self.log.error("KeyboardInterrupt received during shutdown. Force terminating workers.")
+            self._stop_handoff()
             for proc in self.workers.values():
                 self._terminate_worker_process(proc)
             # Their complete frames are read, a partial one is dropped: nothing here can block.
             if exited := [pid for pid, proc in self.workers.items() if _exited(proc)]:
                 self._reap_workers(exited)
             raise
+        finally:
+            # What no worker will take any more never ran: it is queued again, as before its dispatch.
+            with self._lock, self._held_off:
+                if self._pending:
+                    unsent = list(self._pending)
+                    self._pending.clear()
+                    self._undo_dispatches([w for w, _ in unsent], [q for _, q in unsent])
 
     def terminate(self):
         """Terminate all worker processes under control of the executor forcefully."""
@@ -910,8 +1106,10 @@ class LocalExecutor(BaseExecutor):
             _wait_exited(proc, timeout=0.2)
 
     def _process_workloads(self, workloads):
-        with self._lock:
+        with self._lock, self._held_off:
             for workload in workloads:
+                # The handoff thread sends it: one that cannot be pickled must fail here, and stay queued.
+                ForkingPickler.dumps(workload)
                 taken_from = self._take_queued(workload)
                 key = _workload_key(workload)
                 self.running.add(key)
@@ -951,13 +1149,16 @@ class LocalExecutor(BaseExecutor):
         remaining = self._dispatch_counts.pop(key, 1) - 1
         if remaining > 0:
             self._dispatch_counts[key] = remaining
+        else:
+            self._redispatched.pop(key, None)
         super().change_state(key, state, info=info, remove_running=remaining <= 0)
 
     def _forget_workload(self, key: WorkloadKey) -> None:
         # A worker holding the key stays busy until it reports its end or dies: it is still running the
         # workload, and a workload sent to it now would wait behind that one.
         self._dispatch_counts.pop(key, None)
-        with self._lock:
+        self._redispatched.pop(key, None)
+        with self._lock, self._held_off:
             self._pending = deque((w, q) for w, q in self._pending if _workload_key(w) != key)
 
     def change_state(self, key, state, info=None, remove_running=True) -> None:
@@ -968,7 +1169,7 @@ class LocalExecutor(BaseExecutor):
     def revoke_task(self, *, ti: TaskInstance) -> None:
         key = ti.key
         self.queued_tasks.pop(key, None)
-        with self._lock:
+        with self._lock, self._held_off:
             holders = [pid for pid, task_key in self._worker_tasks.items() if task_key == key]
             for pid in holders:
                 self._terminate_worker_process(self.workers[pid])
