@@ -124,7 +124,7 @@ def _interrupted_dispatch(line_number: int, executor_file: str) -> tuple[int, di
     }
 
 
-def sigterm_at_every_line(stride: int) -> dict:
+def sigterm_at_every_line(stride: int, upto: int) -> dict:
     import signal
 
     from airflow.executors import local_executor
@@ -137,28 +137,34 @@ def sigterm_at_every_line(stride: int) -> dict:
     lines, _ = _interrupted_dispatch(0, executor_file)
     bad: dict[int, dict] = {}
     tried = 0
-    for line_number in range(1, lines + 1, stride):
+    for line_number in range(1, min(lines, upto) + 1, stride):
         _, outcome = _interrupted_dispatch(line_number, executor_file)
         tried += outcome is not None
         if outcome is not None and any(outcome.values()):
             bad[line_number] = outcome
             if len(bad) == 3:
                 break  # the bug is shown: the rest of the sweep would only show it again
+    lines = min(lines, upto)
     return {"lines": lines, "tried": tried, "bad": dict(list(bad.items())[:5]), "bad_count": len(bad)}
 
 
 @pytest.mark.fixed_by(EXACTLY_ONCE_PATCH)
 @pytest.mark.parametrize(
-    ("start_method", "stride"),
-    [pytest.param("fork", 4, id="fork"), pytest.param("spawn", 53, id="spawn")],
+    ("start_method", "stride", "upto"),
+    [pytest.param("fork", 4, 10_000, id="fork"), pytest.param("spawn", 3, 40, id="spawn")],
 )
-def test_sigterm_at_any_line_of_a_dispatch_leaves_each_workload_in_exactly_one_place(start_method, stride):
+def test_sigterm_at_any_line_of_a_dispatch_leaves_each_workload_in_exactly_one_place(
+    start_method, stride, upto
+):
     # Before, SystemExit raised between taking a workload off its queue and adding it to the deque, or
     # between taking it off the deque and sending it, loses it (not queued, never run, its key running for
     # ever); one right after a worker was marked busy has end() report a never-sent key failed. Every
-    # fourth line (every 53rd with spawn, whose workers take a second each to start): each try starts an
-    # executor afresh.
-    outcome = run_scenario(sigterm_at_every_line, start_method=start_method, deadline=300, stride=stride)
+    # fourth line with fork; with spawn, whose workers take a second each to start, every third of the
+    # first 40 (handing the workloads over, and starting the workers they need): each try starts an
+    # executor afresh. A window is several lines wide, so each workload's is hit either way.
+    outcome = run_scenario(
+        sigterm_at_every_line, start_method=start_method, deadline=300, stride=stride, upto=upto
+    )
     # The signal came in (nearly) every try: how many lines a dispatch runs varies a little with how
     # soon results come back, so the last few may not be reached.
     assert outcome["bad"] == {}, outcome
