@@ -79,6 +79,8 @@ SCENARIO_DIR = "LEPATCH_SCENARIO_DIR"
 
 # How much longer a scenario with spawned workers may take: each one imports Airflow first.
 SPAWN_SLOWDOWN = 3
+# wait_for_states: seconds without a key ending before it starts checking whether anything still runs.
+QUIET_BEFORE_LOOKING = 0.25
 
 
 class ScenarioError(AssertionError):
@@ -288,11 +290,14 @@ def fake_run(workload: Any) -> None:
         # A worker killed after it took the workload, before anything of it ran (once: the marker).
         Path(die_once).touch()
         os.kill(os.getpid(), signal.SIGKILL)
-    # task-sdk's supervisor forks the task process before the task runs anything: so does this, first.
-    forked = os.fork()
-    if forked == 0:
-        os._exit(0)
-    os.waitpid(forked, 0)
+    # task-sdk's supervisor forks the task process before the task runs anything: so does this, first,
+    # unless told not to (a fork of a worker that imported Airflow costs milliseconds of CPU in
+    # copy-on-write faults: a thousand of them are most of what a pipe-filling test spends).
+    if not spec.get("no_fork"):
+        forked = os.fork()
+        if forked == 0:
+            os._exit(0)
+        os.waitpid(forked, 0)
     if spec.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Announce the start only once the workload is set up as asked, so a test reacting to it never
@@ -508,9 +513,12 @@ def wait_for_states(
                 states[label(key)] = str(executor.event_buffer[key][0])
                 pending.discard(key)
                 quiet_since = time.monotonic()
-        if not _others_blocked():
+        # Reading /proc for every thread costs milliseconds of CPU the workers need; while keys keep
+        # ending nothing is stalled, so look only once none has ended for a while.
+        quiet = time.monotonic() - quiet_since
+        if quiet > QUIET_BEFORE_LOOKING and not _others_blocked():
             quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since > stall_after:
+        elif quiet > stall_after:
             break
         time.sleep(0.005)
     for key in pending:

@@ -37,7 +37,8 @@ DRAIN_PATCH = "0003-drain-the-result-queue-before-each-workload-put.patch"
 def one_batch(parallelism: int, count: int, pad: int = 900, fail_bytes: int = 0) -> dict:
     """Hand ``count`` workloads to the executor in one ``_process_workloads`` call, then collect them."""
     executor = new_executor(parallelism)
-    fake = {"fail_bytes": fail_bytes} if fail_bytes else {}
+    # What fills the pipes is the number and size of workloads and results, not the task process.
+    fake: dict = {"no_fork": True, **({"fail_bytes": fail_bytes} if fail_bytes else {})}
     items = [make_workload(f"w{i}", fake=fake, pad=pad) for i in range(count)]
     dispatch(executor, items)
     states = wait_for_states(executor, [key_of(w) for w in items], timeout=60)
