@@ -533,6 +533,8 @@ class ScenarioRunner:
         stop_info: Json = {}
         tasks: dict[str, TaskSnap] = {}
         tries: dict[str, list[Json]] = {}
+        throughput_tis: list[Json] = []
+        throughput_run: Json | None = None
         t0_wall = datetime.now(timezone.utc)
         size = f"{dag.n_tasks} tasks, " if name == "throughput" else ""
         self.say(
@@ -587,10 +589,8 @@ class ScenarioRunner:
             if name == "kill-orphan":
                 failures += measure_orphan(run, watch.final, watch.run_state)
             if name == "throughput" and tis:
-                fig = throughput.figures(tis, _safe_one(partial(api.run, dag.dag_id, run.run_id)))
-                run.extra["throughput"] = fig.as_json()
-                run.extra["throughput_summary"] = fig.text()
-                run.event(f"throughput: {fig.text()}")
+                throughput_tis = tis
+                throughput_run = _safe_one(partial(api.run, dag.dag_id, run.run_id))
             if name == "kill-idle-reader":
                 problem = sigterm_scheduler(run)
                 if problem:
@@ -604,6 +604,15 @@ class ScenarioRunner:
             stop_info = stack.stop()
             if stop_info.get("leftover_pids_killed"):
                 self.say(f"  killed leftover processes: {stop_info['leftover_pids_killed']['pids']}")
+        if throughput_tis:
+            # After the stop: a worker's supervisor logs "Workload finished" only once it returns,
+            # which for a stalled one is seconds after the run ended.
+            fig = throughput.figures(
+                throughput_tis, throughput_run, scheduler_log=home / "logs" / "scheduler.log"
+            )
+            run.extra["throughput"] = fig.as_json()
+            run.extra["throughput_summary"] = fig.text()
+            run.event(f"throughput: {fig.text()}")
         span = max([watch.elapsed if watch else 0.0] + [t for t, _ in run.events] + [1.0])
         t0_for_rows = t0_wall
         rows = rows_from_api(

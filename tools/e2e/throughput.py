@@ -18,6 +18,14 @@ scheduled-to-start p50 / p95
     ``scheduled_when``).
 run wall
     the dag run's ``start_date -> end_date``, for reference (it adds up to one scheduler loop).
+stalls
+    task instances whose worker was still busy ``STALL_S`` or more after the task ended: the
+    supervisor's ``Workload finished ... duration=`` (the scheduler's log) against the task
+    instance's ``end_date - start_date``. task-sdk's supervisor polls for its task process's exit
+    after the last socket closes and, when the process is not reaped yet, sleeps in ``select`` for
+    ``[workers] min_heartbeat_interval`` (5 s) with nothing left to wake it. The executor cannot
+    give that worker anything meanwhile, whatever its stage: a run with many stalls is slower for
+    a reason outside the executor, so read the walls with this column.
 
 The table's ``q>s`` columns are queued-to-start, ``s>s`` scheduled-to-start.
 ``median_of`` folds several rounds of one stage into one row (field-wise medians).
@@ -29,15 +37,21 @@ fewer (the 30-task run), wall time within ``MAX_WALL_RATIO`` x of the base.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 MIN_THROUGHPUT_RATIO = 0.97
 MAX_WALL_RATIO = 1.05
 LARGE_RUN = 100  # from this many tasks on, the throughput and p95 targets apply
+# A worker busy this much longer than its task ran is in the supervisor's exit-poll sleep (5 s by
+# default); what the supervisor does around a task otherwise takes well under a second.
+STALL_S = 3.0
+_FINISHED = re.compile(r"Workload finished.*?duration=([0-9.]+).*?workload_id=([0-9a-f-]+)")
 
 
 def parse_ts(ts: str | None) -> datetime | None:
@@ -71,6 +85,7 @@ class Figures:
     run_wall_s: float | None
     s2s_p50_s: float | None = None
     s2s_p95_s: float | None = None
+    stalls: float | None = None  # a count; a float only as the median of several rounds
 
     def as_json(self) -> dict[str, Any]:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -81,7 +96,8 @@ class Figures:
             f"({_f(self.tasks_per_s, '', 2)} tasks/s); "
             f"queued-to-start p50 {_f(self.q2s_p50_s, 's', 2)}, p95 {_f(self.q2s_p95_s, 's', 2)}, "
             f"max {_f(self.q2s_max_s, 's', 2)}; scheduled-to-start p50 {_f(self.s2s_p50_s, 's', 2)}, "
-            f"p95 {_f(self.s2s_p95_s, 's', 2)}; run start->end {_f(self.run_wall_s, 's')}"
+            f"p95 {_f(self.s2s_p95_s, 's', 2)}; run start->end {_f(self.run_wall_s, 's')}; "
+            f"supervisor stalls {_f(self.stalls, '', 0)}"
         )
 
 
@@ -89,7 +105,28 @@ def _f(v: float | None, unit: str, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}{unit}"
 
 
-def figures(tis: Iterable[dict[str, Any]], run: dict[str, Any] | None = None) -> Figures:
+def stalls(tis: Iterable[dict[str, Any]], scheduler_log: Path) -> int | None:
+    """How many task instances kept their worker ``STALL_S`` or more past their end (None: no log)."""
+    try:
+        text = scheduler_log.read_text(errors="replace")
+    except OSError:
+        return None
+    ran: dict[str, float] = {}
+    for d in tis:
+        start, end = parse_ts(d.get("start_date")), parse_ts(d.get("end_date"))
+        if d.get("id") and start is not None and end is not None:
+            ran[str(d["id"])] = (end - start).total_seconds()
+    count = 0
+    for match in _FINISHED.finditer(text):
+        took, ti_id = float(match.group(1)), match.group(2)
+        if ti_id in ran and took - ran[ti_id] >= STALL_S:
+            count += 1
+    return count
+
+
+def figures(
+    tis: Iterable[dict[str, Any]], run: dict[str, Any] | None = None, scheduler_log: Path | None = None
+) -> Figures:
     """The figures of one run from the API's task-instance records (and the run record)."""
     tis = list(tis)
     queued = [q for q in (parse_ts(d.get("queued_when")) for d in tis) if q is not None]
@@ -116,6 +153,7 @@ def figures(tis: Iterable[dict[str, Any]], run: dict[str, Any] | None = None) ->
         run_wall_s=(run_end - run_start).total_seconds() if run_start and run_end else None,
         s2s_p50_s=percentile(whole, 50),
         s2s_p95_s=percentile(whole, 95),
+        stalls=None if scheduler_log is None else stalls(tis, scheduler_log),
     )
 
 
@@ -180,7 +218,8 @@ def compare(rows: Sequence[StageRow], title: str) -> str:
     several rounds each row holds the medians, and ends with each round's wall time."""
     head = (
         f"{'executor':<14}{'result':<7}{'tasks':>7}{'wall':>8}{'tasks/s':>9}{'x base':>8}"
-        f"{'q>s p50':>9}{'q>s p95':>9}{'p95 x':>7}{'s>s p95':>9}{'wall x':>8}  targets (issue 15)"
+        f"{'q>s p50':>9}{'q>s p95':>9}{'p95 x':>7}{'s>s p95':>9}{'wall x':>8}{'stalls':>7}"
+        "  targets (issue 15)"
     )
     out = [title, head]
     base = rows[0].fig if rows else None
@@ -202,7 +241,7 @@ def compare(rows: Sequence[StageRow], title: str) -> str:
             f"{_r(ratio(f.tasks_per_s, base.tasks_per_s if base else None)):>8}"
             f"{_f(f.q2s_p50_s, 's', 2):>9}{_f(f.q2s_p95_s, 's', 2):>9}"
             f"{_r(ratio(f.q2s_p95_s, base.q2s_p95_s if base else None)):>7}{_f(f.s2s_p95_s, 's', 2):>9}"
-            f"{_r(ratio(f.wall_s, base.wall_s if base else None)):>8}  {verdict}"
+            f"{_r(ratio(f.wall_s, base.wall_s if base else None)):>8}{_f(f.stalls, '', 0):>7}  {verdict}"
             + (f" (walls {', '.join(_f(w, 's') for w in r.walls)})" if len(r.walls) > 1 else "")
         )
     return "\n".join(out)

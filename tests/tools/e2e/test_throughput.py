@@ -82,6 +82,27 @@ def test_figures_of_an_unfinished_or_empty_run() -> None:
     assert empty.text().startswith("0/0 tasks in - (- tasks/s)")
 
 
+def test_stalls_count_workers_busy_seconds_past_their_task(tmp_path: Path) -> None:
+    # Three tasks ran 0.5 s each; the supervisor of the second returned 5.3 s after it started
+    # (the exit-poll sleep), the others 0.2 s after their task ended.
+    tis = [dict(_ti(i, 1.0, 2.0, 2.5), id=f"0000-{i}") for i in range(3)]
+    log = tmp_path / "scheduler.log"
+    log.write_text(
+        "".join(
+            f"2026-12-01T12:00:0{i}Z [info     ] Workload finished              [supervisor] "
+            f"duration={took} exit_code=0 final_state=success loc=supervisor.py:2658 "
+            f"workload_id=0000-{i} workload_type=ExecuteTask\n"
+            for i, took in enumerate((0.7, 5.3, 0.7))
+        )
+        + "2026-12-01T12:00:09Z [info     ] Workload finished [supervisor] duration=9.0 workload_id=ffff-9\n"
+    )
+    assert throughput.stalls(tis, log) == 1  # an id the run does not have is not counted
+    f = throughput.figures(tis, None, scheduler_log=log)
+    assert f.stalls == 1 and f.text().endswith("supervisor stalls 1")
+    assert throughput.stalls(tis, tmp_path / "missing.log") is None
+    assert throughput.figures(tis, None).stalls is None
+
+
 # -- the comparison -----------------------------------------------------------------------------
 
 
