@@ -164,6 +164,7 @@ class Options:
     tasks: int = DEFAULT_TP_TASKS  # the throughput DAG's task count
     compare: list[int | None] = field(default_factory=list)  # --compare-stages; None = full series
     rounds: int = 1  # --rounds: the --compare-stages cycle, run this many times (interleaved)
+    min_heartbeat_interval: int | None = None  # [workers] min_heartbeat_interval; None: Airflow's
 
 
 @dataclass
@@ -507,6 +508,8 @@ class ScenarioRunner:
         )
         if name == "throughput":
             extra_env[TP_TASKS_ENV] = str(dag.n_tasks)
+        if self.opts.min_heartbeat_interval is not None:
+            extra_env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = str(self.opts.min_heartbeat_interval)
         cfg = StackConfig(
             venv=self.venv_path,
             home=home,
@@ -810,6 +813,7 @@ def _stage_session(
         "deadline_s": opts.deadline,
         "stop_bound_s": opts.stop_bound,
         "task_seconds": opts.task_seconds,
+        "min_heartbeat_interval": opts.min_heartbeat_interval,
         "started": stamp,
         "session_s": round(time.monotonic() - t_session, 1),
         "passed": all(r.passed for r in results),

@@ -247,6 +247,8 @@ def test_cli_tasks_and_compare_stages() -> None:
     assert _parse().compare == [] and _parse().tasks == 200 and _parse().rounds == 1
     assert _parse("--compare-stages", "0,full", "--rounds", "2").rounds == 2
     assert cli.parse_stages("0, full,3") == [0, None, 3]
+    assert _parse().min_heartbeat_interval is None
+    assert _parse("--min-heartbeat-interval", "1").min_heartbeat_interval == 1
 
 
 @pytest.mark.parametrize(
@@ -260,6 +262,7 @@ def test_cli_tasks_and_compare_stages() -> None:
         (["--tasks", "0"], "--tasks must be at least 1"),
         (["--rounds", "2"], "more than 1 only with --compare-stages"),
         (["--compare-stages", "0,9", "--rounds", "0"], "--rounds must be at least 1"),
+        (["--min-heartbeat-interval", "0"], "--min-heartbeat-interval must be at least 1"),
     ],
 )
 def test_cli_bad_compare_options(argv: list[str], message: str) -> None:
