@@ -39,6 +39,7 @@ from harness import (
     queued,
     run_scenario,
     wait_for_states,
+    wait_until,
 )
 
 EXACTLY_ONCE_PATCH = "0011-account-for-every-localexecutor-dispatch-exactly-once.patch"
@@ -254,6 +255,77 @@ def test_a_result_that_cannot_be_unpickled_fails_its_key_and_frees_its_worker():
     # 1 nothing runs again. (fork: the exception class is the harness's, found the same way in both.)
     outcome = run_scenario(unloadable_result, deadline=60)
     assert outcome == {"raised": [], "bad": "failed", "names_the_result": True, "after": "success"}
+
+
+# --------------------------------------------------------------------------------------
+# A key dispatched again while its earlier dispatch runs, whose newer dispatch's worker dies first.
+# --------------------------------------------------------------------------------------
+
+
+def earlier_dispatch_ends_last() -> dict:
+    import signal
+
+    from airflow.executors.base_executor import BaseExecutor
+
+    reported: list[str] = []  # every terminal state reported for the key, in order
+    change_state = BaseExecutor.change_state
+
+    def recording(self, key, state, *args, **kwargs):
+        if key == key_of(older) and str(state) in ("success", "failed"):
+            reported.append(str(state))
+        return change_state(self, key, state, *args, **kwargs)
+
+    BaseExecutor.change_state = recording  # type: ignore[method-assign]
+    executor = new_executor(2)
+    gate = str(Path(tempfile.mkdtemp(), "gate"))
+    older_started, newer_started, after_started = (tempfile.mkdtemp() for _ in range(3))
+    older = make_workload("k", fake={"started_dir": older_started, "wait_for": gate})
+    dispatch(executor, [older])
+    assert wait_until(lambda: bool(os.listdir(older_started)))
+    # The scheduler queues the key again (a resumed deferral): a new workload, the same key.
+    newer = make_workload("k", fake={"started_dir": newer_started, "wait_for": gate}, same_ti_as=older)
+    dispatch(executor, [newer])
+    assert wait_until(lambda: bool(os.listdir(newer_started)))
+    (marker,) = os.listdir(newer_started)
+    os.kill(int(marker.split(".")[1]), signal.SIGKILL)
+    newer_state = wait_for_states(executor, [key_of(newer)], timeout=30)
+    Path(gate).touch()  # the earlier dispatch succeeds now
+    # Two workloads that run at the same time: both workers are free, so the earlier dispatch's result
+    # was read (a worker is idle again only then); the states are read once they are applied.
+    after_gate = str(Path(tempfile.mkdtemp(), "gate"))
+    after = [
+        make_workload(f"after{i}", fake={"started_dir": after_started, "wait_for": after_gate})
+        for i in (1, 2)
+    ]
+    dispatch(executor, after)
+    both_ran = wait_until(lambda: len(os.listdir(after_started)) == 2)
+    Path(after_gate).touch()
+    after_states = wait_for_states(executor, [key_of(w) for w in after], timeout=30)
+    outcome = {
+        "newer": newer_state,
+        "reported": reported,
+        "state": str(executor.event_buffer.get(key_of(older), ("missing", None))[0]),
+        "after": after_states,
+        "both_ran": both_ran,
+        "running": len(executor.running),
+    }
+    executor.end()
+    return outcome
+
+
+@pytest.mark.fixed_by(EXACTLY_ONCE_PATCH)
+def test_a_result_of_an_earlier_dispatch_of_a_key_is_not_reported():
+    # Unpatched, the earlier dispatch's late success overwrites the failure of the newer one: the
+    # scheduler sees the key succeed though its newest dispatch died.
+    outcome = run_scenario(earlier_dispatch_ends_last, deadline=90)
+    assert outcome == {
+        "newer": {"k": "failed"},
+        "reported": ["failed"],
+        "state": "failed",
+        "after": {"after1": "success", "after2": "success"},
+        "both_ran": True,
+        "running": 0,
+    }
 
 
 # --------------------------------------------------------------------------------------

@@ -473,19 +473,28 @@ class LocalExecutor(BaseExecutor):
         # is waiting on it.
         self._worker_tasks: dict[int, WorkloadKey] = {}
         self._dispatch_counts: dict[WorkloadKey, int] = {}
+        # Invariant: a dispatch is the workload object the scheduler handed over (each queueing makes a new
+        # one), counted in ``_dispatch_counts`` until it ends, once. Only the end of ``_newest[key]`` is
+        # reported; an earlier dispatch's results (or death) are logged and dropped (its end frees only its
+        # worker and its count), and a key the scheduler ended has no newest one.
+        self._newest: dict[WorkloadKey, ExecutorWorkload] = {}
+        self._holding: dict[int, ExecutorWorkload] = {}  # the workload of each pid in ``_worker_tasks``
         # The task workload each busy worker was sent and has not acknowledged starting (STARTED), with
         # the queue it was taken from: if that worker dies, the workload goes to another one.
         self._unstarted: dict[int, tuple[ExecutorWorkload, dict]] = {}
         self._redispatched: dict[WorkloadKey, int] = {}
         self._held_off = _HeldOff()
         # Invariant: the handoff thread and the scheduler's thread touch ``workers``, the pipes,
-        # ``_worker_tasks``, ``_unstarted``, ``_pending`` and ``_arrived`` only while holding it; the
-        # scheduler's thread holds off its stop signals meanwhile (``_held_off``). Reentrant: reaping a
-        # worker applies its results, which may forget a pending workload.
+        # ``_worker_tasks``, ``_holding``, ``_unstarted``, ``_pending`` and ``_arrived`` only while holding
+        # it; the scheduler's thread holds off its stop signals meanwhile (``_held_off``). Reentrant: reaping
+        # a worker applies its results, which may forget a pending workload.
         self._lock = threading.RLock()
-        # Results read but not applied yet: (pid, key, state, exc, released). ``released``: it was its
-        # worker's terminal result for the key it held, and the worker was marked idle when it was read.
-        self._arrived: deque[tuple[int, WorkloadKey, WorkloadState | None, object, bool]] = deque()
+        # Results read but not applied yet: (pid, key, state, exc, dispatch, released). ``dispatch``: the
+        # workload its worker held, if the result is for its key. ``released``: it was its worker's terminal
+        # result for that workload, and the worker was marked idle when it was read.
+        self._arrived: deque[
+            tuple[int, WorkloadKey, WorkloadState | None, object, ExecutorWorkload | None, bool]
+        ] = deque()
         self._prefetch = 0  # none until started: an executor that runs nothing accepts nothing extra
         self._handoff: threading.Thread | None = None
         self._handoff_stop = threading.Event()
@@ -517,6 +526,8 @@ class LocalExecutor(BaseExecutor):
         self._pending = deque()
         self._arrived = deque()
         self._worker_tasks.clear()
+        self._holding.clear()
+        self._newest.clear()
         self._unstarted.clear()
         self._redispatched.clear()
         self._dispatch_counts.clear()
@@ -639,18 +650,20 @@ class LocalExecutor(BaseExecutor):
                     if self._worker_tasks.get(pid) == key:
                         self._unstarted.pop(pid, None)
                     continue
+                dispatch = self._holding.get(pid) if self._worker_tasks.get(pid) == key else None
                 released = state is not None and state != "running" and self._worker_tasks.get(pid) == key
                 if released:
                     # Idle again, and the workload was done with: no longer one to give to another worker.
                     self._unstarted.pop(pid, None)
                     del self._worker_tasks[pid]
-                self._arrived.append((pid, key, cast("WorkloadState | None", state), exc, released))
+                    self._holding.pop(pid, None)
+                self._arrived.append((pid, key, cast("WorkloadState | None", state), exc, dispatch, released))
 
     def _apply_arrived(self) -> None:
         """Apply the results read so far to what the scheduler sees (the scheduler's thread only)."""
         while self._arrived:
-            pid, key, state, exc, released = self._arrived.popleft()
-            self._handle_result(pid, key, state, exc, released=released)
+            pid, key, state, exc, dispatch, released = self._arrived.popleft()
+            self._handle_result(pid, key, state, exc, dispatch, released=released)
 
     def _check_workers(self):
         """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
@@ -825,7 +838,11 @@ class LocalExecutor(BaseExecutor):
     def _fail_lost_workload(self, pid: int) -> None:
         unstarted = self._unstarted.pop(pid, None)
         key = self._worker_tasks.pop(pid, None)
-        if key is None or key not in self.running:
+        dispatch = self._holding.pop(pid, None)
+        if key is None:
+            return
+        if self._stale(key, dispatch) or key not in self.running:
+            self._finish_dispatch(key, state_class_for_key(key).FAILED, None, dispatch, pid)
             return
         if unstarted is not None:
             redispatched = self._redispatched.get(key, 0)
@@ -842,11 +859,10 @@ class LocalExecutor(BaseExecutor):
         # A worker that died after starting its workload, or one that never started it too often: on 3.3
         # nothing else would ever release the key (the scheduler's stuck-in-queued check does not fire for
         # it), and failed, the scheduler retries it.
-        if key is not None and key in self.running:
-            self.log.error("Worker pid=%s died while holding %s; marking it failed", pid, key)
-            self._finish_dispatch(
-                key, state_class_for_key(key).FAILED, f"LocalExecutor worker pid={pid} died"
-            )
+        self.log.error("Worker pid=%s died while holding %s; marking it failed", pid, key)
+        self._finish_dispatch(
+            key, state_class_for_key(key).FAILED, f"LocalExecutor worker pid={pid} died", dispatch, pid
+        )
 
     def _dispatch_pending(self, spawn: bool = True) -> None:
         """
@@ -867,6 +883,7 @@ class LocalExecutor(BaseExecutor):
                 return
             workload, taken_from = self._pending.popleft()
             self._worker_tasks[pid] = workload.key
+            self._holding[pid] = workload
             if isinstance(workload, workloads.ExecuteTask):
                 # Only a task's start is acknowledged by a fork (what else runs may run in the worker).
                 self._unstarted[pid] = (workload, taken_from)
@@ -874,6 +891,7 @@ class LocalExecutor(BaseExecutor):
                 self._send_workload(pid, workload)
             except BaseException as e:
                 del self._worker_tasks[pid]
+                del self._holding[pid]
                 self._unstarted.pop(pid, None)
                 if not spawn:
                     # The handoff thread: the scheduler's thread reaps the worker, or reports what cannot
@@ -1004,12 +1022,22 @@ class LocalExecutor(BaseExecutor):
             self._apply_arrived()
 
     def _handle_result(
-        self, pid: int, key: WorkloadKey, state: WorkloadState | None, exc, released: bool = False
+        self,
+        pid: int,
+        key: WorkloadKey,
+        state: WorkloadState | None,
+        exc,
+        dispatch: ExecutorWorkload | None = None,
+        released: bool = False,
     ) -> None:
         if pid not in self.workers:
             return
         if state is None or state == "running":
-            if state is not None and key in self.running:
+            if self._stale(key, dispatch):
+                self.log.warning(
+                    "Dropping %s of an earlier dispatch of %s from worker pid=%s", state, key, pid
+                )
+            elif state is not None and key in self.running:
                 self.change_state(key, state, remove_running=False)
         elif released or self._worker_tasks.get(pid) == key:
             # Its worker is idle again whatever became of the key: a worker is sent one workload at a
@@ -1017,8 +1045,8 @@ class LocalExecutor(BaseExecutor):
             # was read may be running its next workload by now.)
             if not released:
                 del self._worker_tasks[pid]
-            if key in self.running:
-                self._finish_dispatch(key, state, exc)
+                dispatch = self._holding.pop(pid, None)
+            self._finish_dispatch(key, state, exc, dispatch, pid)
 
     def end(self) -> None:
         """End the executor."""
@@ -1100,6 +1128,7 @@ class LocalExecutor(BaseExecutor):
                 key = workload.key
                 self.running.add(key)
                 self._dispatch_counts[key] = self._dispatch_counts.get(key, 0) + 1
+                self._newest[key] = workload
                 self._pending.append((workload, taken_from))
         self._check_workers()
         if len(self._pending) > self._prefetch:
@@ -1126,25 +1155,45 @@ class LocalExecutor(BaseExecutor):
                 # An earlier dispatch of the key is still in flight: it keeps the slot.
                 self._dispatch_counts[key] = remaining
             else:
+                self._newest.pop(key, None)
                 self.running.discard(key)
             queue[key] = workload
 
-    def _finish_dispatch(self, key: WorkloadKey, state: WorkloadState, info=None) -> None:
+    def _stale(self, key: WorkloadKey, dispatch: object) -> bool:
+        """Whether ``dispatch`` is an earlier dispatch of ``key`` than its newest (None: none was recorded)."""
+        return dispatch is not None and dispatch is not self._newest.get(key)
+
+    def _finish_dispatch(
+        self, key: WorkloadKey, state: WorkloadState, info, dispatch: ExecutorWorkload | None, pid: int
+    ) -> None:
+        """End ``dispatch``, which worker ``pid`` held: report it if it is the key's newest, else drop it."""
         # A resumed attempt reuses its key, so the previous dispatch can finish while the next one is live.
+        stale = self._stale(key, dispatch)
         remaining = self._dispatch_counts.pop(key, 1) - 1
         if remaining > 0:
             self._dispatch_counts[key] = remaining
         else:
             self._redispatched.pop(key, None)
-        super().change_state(key, state, info=info, remove_running=remaining <= 0)
+            self._newest.pop(key, None)
+        if stale:
+            self.log.warning("Dropping %s of an earlier dispatch of %s from worker pid=%s", state, key, pid)
+            if remaining <= 0:
+                self.running.discard(key)
+        elif key in self.running:
+            super().change_state(key, state, info=info, remove_running=remaining <= 0)
 
     def _forget_workload(self, key: WorkloadKey) -> None:
         # A worker holding the key stays busy until it reports its end or dies: it is still running the
-        # workload, and a workload sent to it now would wait behind that one.
-        self._dispatch_counts.pop(key, None)
-        self._redispatched.pop(key, None)
+        # workload, and a workload sent to it now would wait behind that one. Its dispatch stays counted
+        # until then, and ends as an earlier one: a later dispatch of the key is counted apart.
         with self._lock, self._held_off:
-            self._pending = deque((w, q) for w, q in self._pending if w.key != key)
+            self._redispatched.pop(key, None)
+            self._newest.pop(key, None)
+            kept = deque((w, q) for w, q in self._pending if w.key != key)
+            remaining = self._dispatch_counts.pop(key, 0) - (len(self._pending) - len(kept))
+            if remaining > 0:
+                self._dispatch_counts[key] = remaining
+            self._pending = kept
 
     def change_state(self, key, state, info=None, remove_running=True) -> None:
         if remove_running:
