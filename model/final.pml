@@ -254,9 +254,11 @@ inline collect_all() {
 }
 
 inline apply_arrived() {
-    /* _apply_arrived: "self._handle_result(pid, key, state, exc, released=released)": "if key in
-       self.running: self._finish_dispatch(key, state, exc)" (the pid is still in self.workers: _reap_worker
-       applies what arrived before "del self.workers[pid]") */
+    /* _apply_arrived: "self._handle_result(pid, key, state, exc, dispatch, released=released)":
+       "self._finish_dispatch(key, state, exc, dispatch, pid)", which reports it "elif key in self.running"
+       (the pid is still in self.workers: _reap_worker applies what arrived before "del self.workers[pid]").
+       Each key is dispatched once here, so no dispatch is ever stale (_stale: an earlier dispatch of a key
+       dispatched again, whose end is logged and dropped) */
     for (n : 1 .. K) {
         if
         :: arr[n] != 0 ->
@@ -275,7 +277,8 @@ inline apply_arrived() {
 
 inline fail_lost(w) {
     /* _fail_lost_workload: "unstarted = self._unstarted.pop(pid, None)"; "key = self._worker_tasks.pop(pid, None)";
-       "if key is None or key not in self.running: return" */
+       "if key is None: return"; "if self._stale(key, dispatch) or key not in self.running:" end it
+       unreported (never here: a key is dispatched once) */
     k = wkey[w]; wkey[w] = 0; st = unst[w]; unst[w] = false;
     if
     :: k != 0 && dcount[k] > 0 && st && rd[k] < MAXRD ->

@@ -268,3 +268,57 @@ def test_worker_killed_mid_frame_fails_only_its_own_key(start_method):
     }
     assert "died" in outcome["big_info"]
     assert outcome["other_sizes"] == [size, size]
+
+
+def epipe_to_an_exited_worker_not_yet_reaped() -> dict:
+    from airflow.executors import local_executor
+
+    executor = new_executor(2)
+    victim = next(iter(executor.workers))  # _idle_worker() tries the workers in this order
+    os.kill(victim, signal.SIGKILL)
+    os.waitid(os.P_PID, victim, os.WEXITED | os.WNOWAIT)  # a zombie now: its end of the pipe is closed
+    failed_sends: list[int] = []
+    exited = local_executor._exited
+    send = type(executor)._send_workload
+
+    # The executor looks for a dead worker before it sends to one; the worker can die right after it
+    # looked. Make it look too early, once: until a send to the victim has failed, it seems alive.
+    def seems_alive_until_a_send_failed(proc):
+        return exited(proc) if (proc.pid != victim or failed_sends) else False
+
+    def recording_send(self, pid, workload):
+        try:
+            send(self, pid, workload)
+        except BrokenPipeError:
+            failed_sends.append(pid)
+            raise
+
+    local_executor._exited = seems_alive_until_a_send_failed
+    type(executor)._send_workload = recording_send
+    try:
+        workload = make_workload("after_epipe")
+        dispatch(executor, [workload])
+        state = wait_for_states(executor, [key_of(workload)], timeout=20)["after_epipe"]
+    finally:
+        local_executor._exited = exited
+        type(executor)._send_workload = send
+    outcome = {
+        "state": state,
+        "failed_sends": ["victim" if pid == victim else pid for pid in failed_sends],
+        "victim_reaped": victim not in executor.workers,
+        "events": sorted(label(k) for k in executor.event_buffer),
+    }
+    executor.end()
+    return outcome
+
+
+def test_a_workload_sent_to_a_dead_worker_not_yet_reaped_goes_to_another_worker():
+    # EPIPE on the send: the worker never got the whole workload, so it is given to the next worker,
+    # and the dead one is reaped (no event for it: it held nothing).
+    outcome = run_scenario(epipe_to_an_exited_worker_not_yet_reaped, deadline=60)
+    assert outcome == {
+        "state": "success",
+        "failed_sends": ["victim"],
+        "victim_reaped": True,
+        "events": ["after_epipe"],
+    }
