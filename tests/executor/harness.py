@@ -29,6 +29,14 @@ process of the scenario asleep in a pipe read/write, a futex or a child wait, fo
 ``stuck_after`` seconds, while the output does not grow. Nothing in such a scenario can
 ever move again, so there is no point waiting any longer.
 
+A fresh interpreter spends seconds of CPU importing Airflow before a scenario does anything,
+and a test run starts hundreds of scenarios. So each test session starts one "zygote",
+``python harness.py --zygote``, that imports Airflow once and forks every scenario from
+there; the fork is given what a fresh ``harness.py`` would have (its own session, the
+scenario directory, the output file, no ``local_executor`` imported yet). A scenario that
+needs a different environment, or a zygote that is gone, gets a fresh interpreter;
+``LEPATCH_NO_ZYGOTE=1`` always does.
+
 Workloads are real ``ExecuteTask`` models. The task runner is replaced by ``fake_run``,
 which acts out the behaviour a workload carries in ``ti.executor_config["fake"]``
 (sleep, fail with an exception of a given size, wait for a file, fork a task process
@@ -49,10 +57,12 @@ import contextlib
 import importlib.util
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -81,6 +91,20 @@ SCENARIO_DIR = "LEPATCH_SCENARIO_DIR"
 SPAWN_SLOWDOWN = 3
 # wait_for_states: seconds without a key ending before it starts checking whether anything still runs.
 QUIET_BEFORE_LOOKING = 0.25
+# Seconds between two looks of the watchdog at /proc: a look reads every process's stat (milliseconds of
+# CPU the scenario needs); twenty looks per ``stuck_after`` second are plenty to tell "blocked" apart.
+WATCH_INTERVAL = 0.05
+# Set to 1 to start every scenario in a fresh interpreter rather than forking it from the zygote.
+NO_ZYGOTE = "LEPATCH_NO_ZYGOTE"
+# Modules the zygote imports for its forks: what every scenario imports, except local_executor itself,
+# which 3.1 and 3.2 read the start method from when it is imported (the scenario sets it first).
+ZYGOTE_PRELOAD = (
+    "airflow",
+    "airflow.executors.base_executor",
+    "airflow.executors.workloads",
+    "airflow.models.taskinstancekey",
+    "airflow.utils.state",
+)
 
 
 class ScenarioError(AssertionError):
@@ -202,18 +226,10 @@ def run_scenario(
             "start_method": start_method,
             "result_file": str(result_file),
         }
-        with out_file.open("wb") as out:
-            # Output goes to a file, never a pipe: a pipe we did not read would be one more
-            # thing for the child to block on.
-            proc = subprocess.Popen(
-                [sys.executable, str(HERE / "harness.py"), json.dumps(request)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**environment(), SCENARIO_DIR: tmp},
-                cwd=tmp,
-                start_new_session=True,
-            )
+        # Output goes to a file, never a pipe: a pipe we did not read would be one more
+        # thing for the child to block on.
+        out_file.touch()
+        proc = _start(json.dumps(request), environment(), tmp, out_file)
         pgid = proc.pid
         started = time.monotonic()
         # (time, every thread blocked, output size) samples of the last ``stuck_after`` seconds. A
@@ -242,7 +258,8 @@ def run_scenario(
                         f"has been blocked for {stuck_after:.1f}s:\n" + _describe(threads)
                     )
                     break
-                time.sleep(0.02)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(WATCH_INTERVAL)
         finally:
             # Workers outlive a scenario that raised or was abandoned; never leave them behind.
             _kill_group(pgid, tmp)
@@ -260,6 +277,204 @@ def run_scenario(
         if "error" in payload:
             raise ScenarioError(f"{func.__name__} raised:\n{payload['error']}")
         return payload["result"]
+
+
+def _start(request: str, env: dict[str, str], directory: str, out_file: Path) -> Any:
+    """Start a scenario in a session of its own: a fork of the zygote if it can, else a fresh interpreter."""
+    global _zygote
+    if env.get(NO_ZYGOTE) != "1" and _zygote_lock.acquire(blocking=False):
+        # why: the zygote forks one scenario at a time; a second one at once gets a fresh interpreter.
+        try:
+            if _zygote is None or _fixed(_zygote.env) != _fixed(env):
+                if _zygote is not None:
+                    _zygote.close()
+                _zygote = _Zygote(env)
+            forked = _zygote.fork(request, env, directory, out_file)
+            if forked is not None:
+                return forked
+        except BaseException:
+            _zygote_lock.release()
+            raise
+        _zygote_lock.release()
+    with out_file.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, str(HERE / "harness.py"), request],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, SCENARIO_DIR: directory},
+            cwd=directory,
+            start_new_session=True,
+        )
+
+
+# pytest names the running test in the environment: the one variable a fork may get changed.
+_PER_TEST_VARIABLES = ("PYTEST_CURRENT_TEST",)
+
+
+def _fixed(env: dict[str, str]) -> dict[str, str]:
+    """What Airflow may have read while the zygote imported it: the environment but for per-test names."""
+    return {k: v for k, v in env.items() if k not in _PER_TEST_VARIABLES}
+
+
+class _Zygote:
+    """The parent's end of ``harness.py --zygote``: requests on its stdin, replies on a pipe of its own."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        replies, self._replies_w = os.pipe()
+        self._replies = replies
+        self._buffer = b""
+        # why: what Airflow prints while the zygote imports it would corrupt replies sent on stdout.
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "harness.py"), "--zygote", str(self._replies_w)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            pass_fds=(self._replies_w,),
+            start_new_session=True,
+        )
+        os.close(self._replies_w)
+        self.broken = False
+
+    def fork(self, request: str, env: dict[str, str], directory: str, out_file: Path) -> _Forked | None:
+        """Have the zygote fork a scenario; None when it cannot (then a fresh interpreter runs it)."""
+        if self.broken:
+            return None
+        order = {
+            "request": request,
+            "dir": directory,
+            "out": str(out_file),
+            "env": {**env, SCENARIO_DIR: directory},
+        }
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(order).encode() + b"\n")
+            self.proc.stdin.flush()
+            # The first reply waits for the zygote's imports: about as long as a fresh interpreter's.
+            reply = self.reply(timeout=120.0)
+        except (OSError, EOFError, TimeoutError):
+            reply = None
+        if reply is None or "pid" not in reply:
+            self.close()
+            return None
+        return _Forked(self, reply["pid"])
+
+    def reply(self, timeout: float) -> dict[str, Any] | None:
+        """The zygote's next reply line; None if none came within ``timeout``; EOFError if it is gone."""
+        give_up = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = max(0.0, give_up - time.monotonic())
+            if not select.select([self._replies], [], [], left)[0]:
+                return None
+            chunk = os.read(self._replies, 4096)
+            if not chunk:
+                raise EOFError("the zygote is gone")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def close(self) -> None:
+        if self.proc.returncode is not None:
+            return
+        self.broken = True
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()
+        os.close(self._replies)
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
+
+class _Forked:
+    """A scenario the zygote forked: the part of ``Popen`` that ``run_scenario`` uses."""
+
+    def __init__(self, zygote: _Zygote, pid: int) -> None:
+        self.zygote, self.pid = zygote, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.wait(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                # The zygote reaps its fork and reports the exit status, or is gone (with its fork).
+                reply = self.zygote.reply(3600.0 if timeout is None else timeout)
+            except EOFError:
+                reply = {"exit": -signal.SIGKILL}
+                self.zygote.broken = True
+            if reply is None:
+                raise subprocess.TimeoutExpired(f"scenario {self.pid}", timeout or 0)
+            self.returncode = int(reply["exit"])
+            _zygote_lock.release()
+        return self.returncode
+
+
+_zygote: _Zygote | None = None
+# Held from a fork's request until its exit is read: one scenario at a time per zygote.
+_zygote_lock = threading.Lock()
+
+
+def _zygote_main(replies: int) -> None:
+    """``harness.py --zygote FD``: import Airflow, then fork a scenario per request line, one at a time."""
+    for name in ZYGOTE_PRELOAD:
+        importlib.import_module(name)
+    # A fork of a process with threads holds only the forking thread (and maybe its locks, held by no
+    # one); a preload that imported local_executor would fix 3.1's and 3.2's start method too soon.
+    fit = threading.active_count() == 1 and "airflow.executors.local_executor" not in sys.modules
+
+    def send(reply: dict[str, Any]) -> None:
+        data = json.dumps(reply).encode() + b"\n"
+        while data:
+            data = data[os.write(replies, data) :]
+
+    for line in sys.stdin.buffer:
+        if not fit:
+            send({"unfit": "the zygote has threads or imported local_executor"})
+            continue
+        order = json.loads(line)
+        ready_r, ready_w = os.pipe()
+        # why: buffered output (Airflow logs while it is imported) would land in the scenario's file.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(ready_r)
+                os.close(replies)
+                _become_scenario(order)
+                os.close(ready_w)
+                _child_main(json.loads(order["request"]))
+            finally:
+                os._exit(70)
+        os.close(ready_w)
+        os.read(ready_r, 1)  # EOF once the fork is in its own session and directory (or dead)
+        os.close(ready_r)
+        send({"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        send({"exit": os.waitstatus_to_exitcode(status)})
+
+
+def _become_scenario(order: dict[str, Any]) -> None:
+    """In a fork of the zygote: what ``Popen(..., cwd=dir, start_new_session=True)`` gives a fresh one."""
+    os.setsid()
+    os.chdir(order["dir"])
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(order["out"], os.O_WRONLY | os.O_APPEND)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(null)
+    os.close(out)
+    os.environ.clear()
+    os.environ.update(order["env"])
+    sys.argv = [str(HERE / "harness.py"), order["request"]]
 
 
 # --------------------------------------------------------------------------------------
@@ -598,6 +813,9 @@ def smoke() -> int:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--smoke"]:
         sys.exit(smoke())
+    if sys.argv[1:2] == ["--zygote"]:
+        _zygote_main(int(sys.argv[2]))
+        sys.exit(0)
     _child_main(json.loads(sys.argv[1]))
 elif __name__ == "__mp_main__":
     # A worker started with the spawn method imports this file as its main module before it
