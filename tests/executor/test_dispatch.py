@@ -180,17 +180,62 @@ def test_terminal_result_for_a_key_no_longer_running_frees_its_worker():
 
 
 @pytest.mark.fixed_by(OWN_QUEUE_PATCH)
-def test_failed_send_leaves_the_worker_idle_and_the_workload_queued():
-    executor = _executor(2, idle=[1])
-    executor._send_workload = mock.Mock(side_effect=TypeError("cannot pickle"))
-    workload = _queue(executor, "a")
+class _Killable(_Proc):
+    """A stand-in worker that records being killed (what a send does to a worker it may have torn)."""
 
+    killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def _really_sending(executor, pids, broken=()):
+    """The executor's own ``_send_workload``, with a stand-in pipe per worker (``broken`` ones: EPIPE)."""
+    del executor._send_workload
+    for pid in pids:
+        executor.workers[pid] = _Killable(pid)
+        pipe = executor._inputs[pid] = mock.Mock()
+        if pid in broken:
+            pipe.send_bytes.side_effect = BrokenPipeError(32, "Broken pipe")
+    return executor
+
+
+def test_a_workload_that_cannot_be_pickled_is_never_written_and_its_worker_is_kept():
+    import threading
+
+    executor = _really_sending(_executor(2, idle=[1]), [1])
+    workload = _queue(executor, "a")
+    workload.ti.executor_config["fake"]["lock"] = threading.Lock()  # pickles nowhere
+
+    with pytest.raises(TypeError):
+        executor._send_workload(1, workload)
     with pytest.raises(TypeError):
         executor._process_workloads([workload])
 
+    executor._inputs[1].send_bytes.assert_not_called()
+    assert not executor.workers[1].killed, "nothing was written: the worker's stream is whole"
     assert queued(executor)[key_of(workload)] is workload
     assert executor._worker_tasks == {}
     assert not executor.running
+    assert not executor._pending
+
+
+def test_a_failed_write_retires_the_worker_and_the_workload_goes_to_the_next_one():
+    executor = _really_sending(_executor(2, idle=[1, 2]), [1, 2], broken=[1])
+    executor._reap_workers = mock.Mock(side_effect=lambda pids: [executor.workers.pop(p) for p in pids])
+    first = executor.workers[1]
+    workload = _queue(executor, "a")
+
+    executor._process_workloads([workload])
+
+    assert first.killed
+    # Part of the frame may be in the pipe: the worker could read it as the start of the next one.
+    retired = executor._reap_workers.call_args.args[0]
+    assert list(retired) == [1]
+    executor._inputs[2].send_bytes.assert_called_once()
+    assert executor._worker_tasks == {2: key_of(workload)}
+    assert key_of(workload) in executor.running
+    assert key_of(workload) not in queued(executor)
     assert not executor._pending
 
 

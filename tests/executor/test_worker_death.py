@@ -41,6 +41,9 @@ from harness import (
 
 OWN_QUEUE_PATCH = "0007-give-each-localexecutor-worker-its-own-input-queue.patch"
 NO_SHARED_PIPE_PATCH = "0008-share-no-lock-or-pipe-between-localexecutor-processes.patch"
+DEAD_WORKER_PATCH = "0009-kill-a-dead-localexecutor-workers-task-processes.patch"
+# Writing N here makes the next process created in this pid namespace get N + 1, if N + 1 is free.
+NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
 BIG = 1024 * 1024  # a result frame 16 times the size of a Linux pipe
 
@@ -107,11 +110,17 @@ def _warm_up(executor, count: int) -> list[int]:
 def kill_read_lock_holder(parallelism: int) -> dict:
     executor = new_executor(parallelism)
     pids = _warm_up(executor, parallelism)
-    time.sleep(0.2)  # let every idle worker settle where it will sleep
-    readers = [p for p in pids if _reading_pipe(p)]
-    # With one shared input queue exactly one idle worker sits in the pipe read holding the queue's read
-    # lock, and the others wait for that lock (a futex). With a queue per worker, all of them read.
-    holder = readers[0] if len(readers) == 1 else pids[0]
+
+    # With one shared input queue exactly one idle worker sits in the pipe read, holding the queue's read
+    # lock, while the others wait for that lock (a futex). With a queue per worker, all of them read.
+    readers: list[int] = []
+
+    def settled() -> bool:
+        readers[:] = [p for p in pids if _reading_pipe(p)]
+        return len(readers) in (1, len(pids))
+
+    assert wait_until(settled, timeout=10), "the idle workers never settled in their reads"
+    holder = readers[0]
     _kill_and_wait(holder)
     after = make_workload("after_kill")
     dispatch(executor, [after])
@@ -188,7 +197,7 @@ def _big_worker(executor, started_dir: str) -> tuple[int, object]:
     """Dispatch a workload whose result is ``BIG`` bytes; return its worker (once blocked writing) and key."""
     big = make_workload("big", fake={"started_dir": started_dir, "fail_bytes": BIG})
     dispatch(executor, [big])
-    assert wait_until(lambda: _started_pids(started_dir, "big"), timeout=60), "big never started"
+    assert wait_until(lambda: bool(_started_pids(started_dir, "big")), timeout=60), "big never started"
     (pid,) = _started_pids(started_dir, "big")
     # Nobody reads results until the next sync(): the worker fills the pipe and blocks mid-frame.
     assert wait_until(lambda: _writing_pipe(pid), timeout=20), "big never blocked writing its result"
@@ -268,6 +277,92 @@ def test_worker_killed_mid_frame_fails_only_its_own_key(start_method):
     }
     assert "died" in outcome["big_info"]
     assert outcome["other_sizes"] == [size, size]
+
+
+def _next_fork_gets(pid: int, executor, seen: dict) -> None:
+    """Make this process's next os.fork() create ``pid``, if no process holds it by then; say how it went."""
+    real_fork = os.fork
+
+    def fork() -> int:
+        os.fork = real_fork
+        # The race is on only if the executor still counts ``pid`` as its worker while the pid is free.
+        seen["at_risk"] = pid in executor.workers and not os.path.exists(f"/proc/{pid}")
+        NS_LAST_PID.write_text(str(pid - 1))  # as late as can be: anything that forks meanwhile takes it
+        child = real_fork()
+        if child:
+            seen["child"] = child
+        return child
+
+    os.fork = fork
+
+
+def _idle_worker_dies_before_a_dispatch_forks() -> dict:
+    executor = new_executor(2)
+    pids = _warm_up(executor, 2)
+    outcome: dict = {}
+    seen: dict = {}
+    if hasattr(executor, "_dispatch_pending"):  # no idle-worker choice before patch 7: nothing to race
+        survivor, doomed = pids
+        _kill_and_wait(doomed)
+        executor.heartbeat()  # the worker check forgets the dead one: one worker, one free place
+        assert wait_until(lambda: doomed not in executor.workers, timeout=10), "the dead worker stayed"
+        dispatch_pending = executor._dispatch_pending
+
+        def survivor_dies_first(*args, **kwargs):
+            executor._dispatch_pending = dispatch_pending  # once
+            _kill_and_wait(survivor)
+            _next_fork_gets(survivor, executor, seen)
+            return dispatch_pending(*args, **kwargs)
+
+        executor._dispatch_pending = survivor_dies_first
+    after = make_workload("after")
+    try:
+        dispatch(executor, [after])
+    except Exception as e:  # unpatched: StopIteration from the choice of the new worker
+        outcome["dispatch_error"] = repr(e)
+    outcome["states"] = wait_for_states(executor, [key_of(after)], timeout=15)
+    # One process per worker entry, none of them a dead worker taken for a live one.
+    outcome["distinct_live_workers"] = all(
+        proc.pid == pid and _proc_field(pid, "state") not in ("Z", "X", "")
+        for pid, proc in executor.workers.items()
+    )
+    # Another process on the machine forked between the pid request and the fork, and took the pid.
+    outcome["inconclusive"] = (
+        bool(seen.get("at_risk")) and seen.get("child") != pids[0] and "dispatch_error" not in outcome
+    )
+    if outcome["inconclusive"]:
+        executor.end()
+    return outcome
+
+
+def idle_worker_dies_before_a_dispatch_forks() -> dict:
+    """
+    An idle worker dies after the worker check and before the dispatch that forks a replacement.
+
+    Found dead by the dispatch, the worker must stay unreaped (its pid taken) until it is forgotten: else
+    the replacement can get its pid and be taken for it. The kernel hands pids out in order, so that
+    needs luck or many forks; this makes the next fork ask for the dead worker's pid, and tries again
+    (up to 5 times) when something else on the machine forked first and took it.
+    """
+    attempts = 0
+    while True:
+        attempts += 1
+        outcome = _idle_worker_dies_before_a_dispatch_forks()
+        if not outcome.pop("inconclusive") or attempts == 5:
+            return {**outcome, "attempts": attempts}
+
+
+@pytest.mark.fixed_by(DEAD_WORKER_PATCH, introduced_by=OWN_QUEUE_PATCH)
+def test_a_worker_forked_after_an_idle_worker_died_never_takes_its_place():
+    if not os.access(NS_LAST_PID, os.W_OK):
+        pytest.skip(f"forcing a pid to be reused needs write access to {NS_LAST_PID} (root)")
+    # Fork only: a spawned worker is created by fork_exec, which this cannot steer, and taking a dead
+    # worker's place there only leaks its pipes; the fix (never reap a worker the executor still has) is
+    # the same code for both.
+    outcome = run_scenario(idle_worker_dies_before_a_dispatch_forks, deadline=60)
+    assert "dispatch_error" not in outcome, outcome
+    assert outcome["states"] == {"after": "success"}, outcome
+    assert outcome["distinct_live_workers"], outcome
 
 
 def epipe_to_an_exited_worker_not_yet_reaped() -> dict:
