@@ -331,7 +331,8 @@ class _Zygote:
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=env,
+            # why: per-test names last, so that changing them in a fork leaves environ[0] as it is.
+            env={**_fixed(env), **{k: env[k] for k in _PER_TEST_VARIABLES if k in env}},
             pass_fds=(self._replies_w,),
             start_new_session=True,
         )
@@ -472,8 +473,13 @@ def _become_scenario(order: dict[str, Any]) -> None:
     os.dup2(out, 2)
     os.close(null)
     os.close(out)
-    os.environ.clear()
-    os.environ.update(order["env"])
+    # Only what differs (the per-test names), in place: setproctitle finds the command line's memory by
+    # walking back from environ[0], so the block the zygote was started with must stay where it is.
+    for name in set(os.environ) - set(order["env"]):
+        del os.environ[name]
+    for name, value in order["env"].items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
     sys.argv = [str(HERE / "harness.py"), order["request"]]
 
 

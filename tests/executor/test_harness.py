@@ -47,6 +47,22 @@ def describe_self() -> dict:
     }
 
 
+def worker_title() -> str:
+    """The command line a worker shows (``ps``, and what the chaos probe finds workers by)."""
+    from pathlib import Path
+
+    from harness import dispatch, key_of, make_workload, new_executor, wait_for_states
+
+    executor = new_executor(1)
+    workload = make_workload("a")
+    dispatch(executor, [workload])
+    wait_for_states(executor, [key_of(workload)], timeout=60)
+    (pid,) = executor.workers
+    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    executor.end()
+    return title
+
+
 def read_a_pipe_nobody_writes() -> None:
     """Block for good, as a deadlocked executor would."""
     read_end, _write_end = os.pipe()
@@ -68,6 +84,12 @@ def test_a_forked_scenario_is_set_up_like_a_fresh_interpreter(start_method):
     assert seen["start_method"] == start_method
     assert seen["is_mp_using_fork"] in (None, start_method == "fork")
     assert seen["argv1"] == "{"  # the request, as harness.py gets it on its command line
+
+
+def test_a_forked_scenario_s_workers_set_their_process_title(start_method):
+    # setproctitle finds the command line's memory from the environment's: a fork that rebuilt its
+    # environment left every worker with the zygote's command line.
+    assert "LocalExecutor" in run_scenario(worker_title, start_method=start_method)
 
 
 def test_a_hung_forked_scenario_is_caught_and_the_zygote_serves_the_next():

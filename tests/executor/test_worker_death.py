@@ -193,6 +193,17 @@ def test_key_dispatched_to_a_worker_that_dies_before_starting_it_is_not_left_que
 # --------------------------------------------------------------------------------------
 
 
+def _unread(executor, pid: int) -> int:
+    """Bytes waiting in the pipe the results of worker ``pid`` arrive on (its own from patch 8)."""
+    import fcntl
+    import struct
+    import termios
+
+    outputs = getattr(executor, "_outputs", None)
+    conn = outputs[pid].conn if outputs and pid in outputs else executor.result_queue._reader
+    return struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+
 def _big_worker(executor, started_dir: str) -> tuple[int, object]:
     """Dispatch a workload whose result is ``BIG`` bytes; return its worker (once blocked writing) and key."""
     big = make_workload("big", fake={"started_dir": started_dir, "fail_bytes": BIG})
@@ -244,7 +255,14 @@ def kill_worker_mid_frame(other_bytes: int) -> dict:
     # executor may still be inside that read.
     os.kill(big_pid, signal.SIGSTOP)
     assert wait_until(lambda: _proc_field(big_pid, "state") == "T", timeout=10), "big was not stopped"
-    killer = threading.Timer(0.3, os.kill, (big_pid, signal.SIGKILL))
+
+    def kill_once_read() -> None:
+        # Once the executor has taken all the writer got out (it waits inside its read of that frame, or
+        # keeps its start in a buffer: either way the rest never comes); after 10 s if it never reads.
+        wait_until(lambda: _unread(executor, big_pid) == 0, timeout=10, interval=0.001)
+        os.kill(big_pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_once_read, daemon=True)
     killer.start()
     dispatch(executor, others)
     gate.touch()  # the others write their results meanwhile
