@@ -282,6 +282,7 @@ def run_scenario(
 def _start(request: str, env: dict[str, str], directory: str, out_file: Path) -> Any:
     """Start a scenario in a session of its own: a fork of the zygote if it can, else a fresh interpreter."""
     global _zygote
+    scenario_env = {**env, SCENARIO_DIR: directory}
     if env.get(NO_ZYGOTE) != "1" and _zygote_lock.acquire(blocking=False):
         # why: the zygote forks one scenario at a time; a second one at once gets a fresh interpreter.
         try:
@@ -289,7 +290,7 @@ def _start(request: str, env: dict[str, str], directory: str, out_file: Path) ->
                 if _zygote is not None:
                     _zygote.close()
                 _zygote = _Zygote(env)
-            forked = _zygote.fork(request, env, directory, out_file)
+            forked = _zygote.fork(request, scenario_env, directory, out_file)
             if forked is not None:
                 return forked
         except BaseException:
@@ -302,7 +303,7 @@ def _start(request: str, env: dict[str, str], directory: str, out_file: Path) ->
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**env, SCENARIO_DIR: directory},
+            env=scenario_env,
             cwd=directory,
             start_new_session=True,
         )
@@ -340,15 +341,10 @@ class _Zygote:
         self.broken = False
 
     def fork(self, request: str, env: dict[str, str], directory: str, out_file: Path) -> _Forked | None:
-        """Have the zygote fork a scenario; None when it cannot (then a fresh interpreter runs it)."""
+        """Have the zygote fork a scenario with ``env``; None when it cannot (a fresh interpreter runs it)."""
         if self.broken:
             return None
-        order = {
-            "request": request,
-            "dir": directory,
-            "out": str(out_file),
-            "env": {**env, SCENARIO_DIR: directory},
-        }
+        order = {"request": request, "dir": directory, "out": str(out_file), "env": env}
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(order).encode() + b"\n")

@@ -179,7 +179,6 @@ def test_terminal_result_for_a_key_no_longer_running_frees_its_worker():
     assert executor.sent == [(1, "a")]
 
 
-@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
 class _Killable(_Proc):
     """A stand-in worker that records being killed (what a send does to a worker it may have torn)."""
 
