@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -67,8 +68,9 @@ def _writing_pipe(pid: int) -> bool:
 
 
 def _kill_and_wait(pid: int) -> None:
-    """SIGKILL ``pid`` and wait until it is a zombie: dead, not yet reaped by the executor."""
-    os.kill(pid, signal.SIGKILL)
+    """SIGKILL ``pid`` and wait until it is a zombie: dead, not yet reaped by the executor (or reaped)."""
+    with contextlib.suppress(ProcessLookupError):  # killed before, and reaped by the executor already
+        os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: _proc_field(pid, "state") in ("Z", "X", ""), timeout=10), f"{pid} survived"
 
 
