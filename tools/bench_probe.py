@@ -29,8 +29,8 @@ Measurement kinds (all no-op tasks, fork, realistic ~1.7 KB ``ExecuteTask`` work
                before the worker reports) run through a model of Airflow's scheduler loop
                (``tools/bench_loop.py``: read ``slots_available``, queue that many,
                ``heartbeat()``, process the event buffer, sleep ``idle_sleep`` when idle):
-               tasks/s, and queued-to-start p50/p95 where start is the time the task itself
-               recorded in the worker.
+               tasks/s, queued-to-start p50/p95 where start is the time the task itself
+               recorded in the worker, and ready-to-start p50/p95 (from the loop's start).
 """
 
 from __future__ import annotations
@@ -418,6 +418,8 @@ def measure_loop(
     p50: list[float] = rec.setdefault("start_p50_ms", [])
     p95: list[float] = rec.setdefault("start_p95_ms", [])
     refill: list[float] = rec.setdefault("refill_p50_ms", [])
+    ready50: list[float] = rec.setdefault("ready_p50_ms", [])
+    ready95: list[float] = rec.setdefault("ready_p95_ms", [])
     loops: list[dict[str, Any]] = rec.setdefault("loops", [])
     _install_loop_runner()
     for run in range(runs):
@@ -460,6 +462,8 @@ def measure_loop(
         tps.append(summary.tasks_per_s)
         p50.append(summary.start_p50_ms)
         p95.append(summary.start_p95_ms)
+        ready50.append(summary.ready_p50_ms)
+        ready95.append(summary.ready_p95_ms)
         loops.append(
             {
                 "loops": record.loops,

@@ -190,6 +190,9 @@ def test_summarize_and_quantile():
     assert summary.tasks_per_s == pytest.approx(3 / 4.0)
     assert summary.start_p50_ms == pytest.approx(200.0)
     assert summary.start_p95_ms == pytest.approx(1820.0)  # 200 + 0.9 * (2000 - 200)
+    # Every task is ready at the loop's start (10.0): waits 100, 200 and 3000 ms.
+    assert summary.ready_p50_ms == pytest.approx(200.0)
+    assert summary.ready_p95_ms == pytest.approx(2720.0)  # 200 + 0.9 * (3000 - 200)
     with pytest.raises(ValueError, match="never recorded a start"):
         bench_loop.summarize(record, {"a": 10.1})
     assert bench_loop.quantile([5.0], 0.95) == 5.0
@@ -238,6 +241,8 @@ def test_loop_only_plans_and_rows_nothing_else():
         "loop_48_p8_tps",
         "loop_48_p8_p50",
         "loop_48_p8_p95",
+        "loop_48_p8_ready50",
+        "loop_48_p8_ready95",
         "loop_48_p8_refill",
     ]
     assert bench.rows(cfg)[0].better == "higher"
@@ -300,12 +305,20 @@ def _loop_results() -> bench.Results:
             "tasks_per_s": [4.0],
             "start_p50_ms": [4000.0],
             "start_p95_ms": [9000.0],
+            "ready_p95_ms": [12000.0],
             "loops": [{"loops": 30, "idle": 5, "full": 0, "max_in_flight": 48, "makespan_s": 12.0}],
         },
     )
     res.add("8", {"id": "loop_48_p8@0", "tasks_per_s": [3.0], "start_p50_ms": [8.0], "start_p95_ms": [200.0]})
     res.add(
-        "proto", {"id": "loop_48_p8@0", "tasks_per_s": [3.96], "start_p50_ms": [9.0], "start_p95_ms": [900.0]}
+        "proto",
+        {
+            "id": "loop_48_p8@0",
+            "tasks_per_s": [3.96],
+            "start_p50_ms": [9.0],
+            "start_p95_ms": [900.0],
+            "ready_p95_ms": [10000.0],
+        },
     )
     res.add("x", {"id": "loop_48_p8@0", "outcome": "hang: 3 of 48 tasks unfinished after 60s"})
     return res
@@ -326,8 +339,10 @@ def test_loop_results_table_and_targets():
     eight = "\n".join(bench.loop_targets(res, cfg, "8"))
     assert "MISS 48 tasks p8: tasks/s >= 0.97x base: ratio 0.75" in eight
     assert "ok   48 tasks p8: queued->started p95 <= base: ratio 0.02" in eight
+    assert "info 48 tasks p8: ready->started p95: ratio -" in eight  # no ready figures recorded
     proto = "\n".join(bench.loop_targets(res, cfg, "proto"))
     assert "ok   48 tasks p8: tasks/s >= 0.97x base: ratio 0.99" in proto
+    assert "info 48 tasks p8: ready->started p95: ratio 0.83" in proto
     assert "n/a " in "\n".join(bench.loop_targets(res, cfg, "x"))
     details = bench.render_loop_details(res, [("0", "base"), ("8", "8")])
     assert details == (

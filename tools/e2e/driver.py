@@ -17,15 +17,26 @@ kill-queued
     instance is still ``queued``. How that instant is caught deterministically: the driver polls
     each worker's proctitle in /proc every millisecond; a worker's title changes from
     ``<idle>`` to the task instance id right after ``input.get()`` returned. The driver then
-    SIGSTOPs it at once and, once it is really stopped, looks for a child: the supervisor forks
-    the task process *before* it tells the API server the task started, so a stopped worker
-    with no child has provably not started its task. That worker is SIGKILLed. If it already
-    has a child the driver SIGCONTs it and waits for the next workload (30 chances per run).
+    SIGSTOPs it at once (every worker that took one since its last pass, before it looks at any:
+    at parallelism 32 the whole DAG arrives in one wave) and, once they are really stopped, looks
+    for a child: the supervisor forks the task process *before* it tells the API server the task
+    started, so a stopped worker with no child has provably not started its task. One such
+    worker is SIGKILLed. The others get SIGCONT, and if every one already had a child the driver
+    waits for the next workload (30 chances per run).
     The key must then be failed or re-dispatched, never left ``queued``.
 kill-idle-reader
     Before the trigger, the idle worker that holds the input queue's read lock (its wchan is a
     pipe read while the other idle workers sleep on a futex) is SIGKILLed. Every task must still
     run, and afterwards SIGTERM must stop the scheduler within ``--stop-bound`` seconds.
+sigterm-running
+    Once at least ``min(parallelism, 4)`` workers each have a task process (tasks running), the
+    scheduler is SIGTERMed, as a deploy or ``kill`` does. It must exit within ``--stop-bound``
+    seconds, and no process it had below it then (workers, task processes, what they started), nor
+    any process left in its workers' sessions, may be alive once it has exited (checked by pid;
+    whatever is left is named, then killed). The scheduler is then started again, as an operator
+    would, and the run must end ``success``, every task that was running at the SIGTERM on its
+    first try: ``end()`` lets a running task finish. A task queued but not started may run as try
+    2 (the new scheduler resets what the old one had queued).
 kill-orphan
     Its own DAG, ``tests/e2e/dags/lepatch_e2e_orphan.py``: one task (``retries=1``, retry in 5 s)
     that appends ``<try> <pid> <time>`` to a marks file (``LEPATCH_E2E_MARKS``) once a second for
@@ -86,9 +97,19 @@ if TYPE_CHECKING:
 DAGS_DIR = LAYOUT.root / "tests" / "e2e" / "dags"
 DAG_FILE = DAGS_DIR / "lepatch_e2e.py"
 DAG_ID = "lepatch_e2e"
-SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader", "kill-orphan", "throughput")
+SCENARIOS = (
+    "clean",
+    "kill-running",
+    "kill-queued",
+    "kill-idle-reader",
+    "sigterm-running",
+    "kill-orphan",
+    "throughput",
+)
 # What runs when no --scenario is given: every scenario but kill-orphan and throughput (see above).
-DEFAULT_SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader")
+DEFAULT_SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader", "sigterm-running")
+# sigterm-running: how many tasks must be running (at most parallelism) when the scheduler is signalled.
+SIGTERM_RUNNING_TASKS = 4
 
 # kill-orphan: the task marks for ORPHAN_SECONDS, its try 1 is killed after ORPHAN_MARKS_BEFORE_KILL
 # marks, and the run gets at least ORPHAN_DEADLINE seconds (the retry alone runs ORPHAN_SECONDS).
@@ -283,6 +304,10 @@ def kill_queued(run: Run) -> None:
         if now - refreshed > 0.1:  # new workers appear when the executor replaces dead ones
             pids = [w.pid for w in procfs.workers_of(sched)]
             refreshed = now
+        # Stop every worker that took a workload since the last pass before looking at any of them:
+        # with a wave of workloads (parallelism 32 takes the whole DAG at once) a worker looked at
+        # one by one has long forked by the time its turn comes.
+        caught: list[tuple[int, str]] = []
         for pid in pids:
             try:
                 ti_id = procfs.worker_busy_with(procfs.cmdline(pid))
@@ -292,37 +317,46 @@ def kill_queued(run: Run) -> None:
                 continue
             tried.add((pid, ti_id))
             procfs.send(pid, signal.SIGSTOP)
-            if not procfs.wait_stopped(pid):
-                procfs.send(pid, signal.SIGCONT)
-                continue
-            kids = procfs.children(pid)
-            if kids:
+            caught.append((pid, ti_id))
+        if not caught:
+            time.sleep(0.001)
+            continue
+        stopped = [(pid, ti_id) for pid, ti_id in caught if procfs.wait_stopped(pid)]
+        stats = procfs.all_stats()
+        victim: tuple[int, str] | None = None
+        for pid, ti_id in stopped:
+            if procfs.children(pid, stats):
                 # Too late: the supervisor forked, it may have told the API the task started.
-                procfs.send(pid, signal.SIGCONT)
                 missed += 1
-                continue
-            t_kill = run.t()
-            procfs.send(pid, signal.SIGKILL)
-            ts = run.fresh_snap_for(ti_id)
-            run.kill = Kill(
-                t_kill,
-                pid,
-                ts.task_id if ts else None,
-                ti_id,
-                ts.try_number if ts else None,
-                ts.state if ts else None,
-                f"stopped before its supervisor forked (missed {missed} earlier workloads)",
-            )
-            run.extra["missed_after_fork"] = missed
-            run.event(
-                f"SIGKILL worker {pid}: took {ts.task_id if ts else ti_id} "
-                f"try {ts.try_number if ts else '?'} "
-                f"but had not forked its task (API: {ts.state if ts else '?'}; "
-                f"{missed} earlier catches were already past the fork)",
-                t_kill,
-            )
-            return
-        time.sleep(0.001)
+            elif victim is None:
+                victim = (pid, ti_id)
+        for pid, _ in caught:
+            if victim is None or pid != victim[0]:
+                procfs.send(pid, signal.SIGCONT)
+        if victim is None:
+            continue
+        pid, ti_id = victim
+        t_kill = run.t()
+        procfs.send(pid, signal.SIGKILL)
+        ts = run.fresh_snap_for(ti_id)
+        run.kill = Kill(
+            t_kill,
+            pid,
+            ts.task_id if ts else None,
+            ti_id,
+            ts.try_number if ts else None,
+            ts.state if ts else None,
+            f"stopped before its supervisor forked (missed {missed} earlier workloads)",
+        )
+        run.extra["missed_after_fork"] = missed
+        run.event(
+            f"SIGKILL worker {pid}: took {ts.task_id if ts else ti_id} "
+            f"try {ts.try_number if ts else '?'} "
+            f"but had not forked its task (API: {ts.state if ts else '?'}; "
+            f"{missed} other catches were already past the fork)",
+            t_kill,
+        )
+        return
     run.extra["missed_after_fork"] = missed
     run.event(f"no worker caught between taking a workload and forking ({missed} caught too late)")
 
@@ -470,6 +504,66 @@ def sigterm_scheduler(run: Run) -> str | None:
     return None
 
 
+def sigterm_running(run: Run) -> None:
+    """SIGTERM the scheduler while tasks run; check what it leaves behind; start it again."""
+    sched = run.stack.scheduler_pid
+    want = min(run.opts.parallelism, SIGTERM_RUNNING_TASKS)
+    busy: list[procfs.Worker] = []
+    while not run.done.is_set() and run.remaining() > 0:
+        busy = [w for w in procfs.workers_of(sched) if w.busy_with and w.children]
+        if len(busy) >= want:
+            break
+        time.sleep(0.05)
+    else:
+        run.extra["sigterm_failures"] = [
+            f"fewer than {want} tasks were ever running at once; no SIGTERM sent"
+        ]
+        run.event(f"fewer than {want} tasks were ever running at once before the deadline")
+        return
+    workers = [w.pid for w in procfs.workers_of(sched)]
+    below = procfs.descendants(sched)
+    run.extra.update(
+        running_at_sigterm=[w.busy_with for w in busy],
+        workers_at_sigterm=workers,
+        pids_below_scheduler_at_sigterm=below,
+    )
+    run.event(f"{len(busy)} tasks running on workers {', '.join(str(w.pid) for w in busy)}")
+    failures: list[str] = []
+    problem = sigterm_scheduler(run)
+    if problem:
+        failures.append(problem)
+    # Patched workers lead sessions of their own; unpatched ones share the scheduler's.
+    left = sorted(set(_alive(below)) | set(procfs.session_members([sched, *workers])))
+    run.extra["left_behind"] = left
+    if left:
+        named = ", ".join(f"{pid} ({_title_or_gone(pid)})" for pid in left[:6])
+        failures.append(f"{len(left)} process(es) left behind after the scheduler exited: {named}")
+        run.event(f"left behind: {named}; SIGKILL")
+        procfs.kill_pids(left)
+    else:
+        run.event(f"nothing left behind of the {len(below)} processes below the scheduler")
+    run.extra["sigterm_failures"] = failures
+    secs = run.extra.get("scheduler_stop_seconds")
+    run.extra["sigterm_summary"] = (
+        f"SIGTERM with {len(busy)} tasks running: scheduler "
+        + (
+            f"exited {run.stack.procs['scheduler'].exit_code()} after {secs:.1f} s"
+            if secs is not None
+            else "hung"
+        )
+        + f", {len(left)} of {len(below)} processes below it left behind"
+    )
+    proc = run.stack.restart("scheduler")
+    run.event(f"scheduler started again, pid {proc.pid}")
+
+
+def _title_or_gone(pid: int) -> str:
+    try:
+        return procfs.cmdline(pid)[:60]
+    except procfs.ProcGone:
+        return "gone"
+
+
 def _wchan_or_gone(pid: int) -> str:
     try:
         return procfs.wchan(pid)
@@ -481,6 +575,7 @@ DURING: dict[str, Callable[[Run], None]] = {
     "kill-running": kill_running,
     "kill-queued": kill_queued,
     "kill-orphan": kill_orphan,
+    "sigterm-running": sigterm_running,
 }
 BEFORE: dict[str, Callable[[Run], None]] = {"kill-idle-reader": kill_idle_reader}
 
@@ -588,7 +683,17 @@ class ScenarioRunner:
             for task_id, ts in tasks.items():
                 if ts.try_number > 1 or (run.kill and run.kill.task_id == task_id):
                     tries[task_id] = _safe(partial(api.tries, dag.dag_id, run.run_id, task_id))
-            failures += judge(name, watch, deadline, tasks, tries, run.kill, n_tasks=dag.n_tasks)
+            failures += judge(
+                name,
+                watch,
+                deadline,
+                tasks,
+                tries,
+                run.kill,
+                n_tasks=dag.n_tasks,
+                running_at_sigterm=run.extra.get("running_at_sigterm", ()),
+            )
+            failures += run.extra.get("sigterm_failures", [])
             if name == "kill-orphan":
                 failures += measure_orphan(run, watch.final, watch.run_state)
             if name == "throughput" and tis:
@@ -884,7 +989,7 @@ def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) 
             f"{ready:>7}{run_t:>10}  {detail}"
         )
     for r in results:
-        for key in ("orphan_summary", "throughput_summary"):
+        for key in ("sigterm_summary", "orphan_summary", "throughput_summary"):
             if r.extra.get(key):
                 lines.append(f"{r.name}: {r.extra[key]}")
     return "\n".join(lines)

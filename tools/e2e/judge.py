@@ -6,6 +6,7 @@ says what went wrong without opening the logs.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from tools.e2e.watch import Json, TaskSnap, WatchResult
@@ -39,8 +40,13 @@ def judge(
     tries: dict[str, list[Json]],
     kill: Kill | None,
     n_tasks: int = N_TASKS,
+    running_at_sigterm: Collection[str] = (),
 ) -> list[str]:
-    """Why the scenario failed, one line per reason; empty when it passed."""
+    """Why the scenario failed, one line per reason; empty when it passed.
+
+    ``running_at_sigterm``: the task instance ids that ran when sigterm-running signalled the
+    scheduler; each must end ``success`` on the try it was on (``end()`` lets it finish).
+    """
     failures: list[str] = []
     killed = kill.task_id if kill else None
     if scenario in ("kill-running", "kill-queued", "kill-orphan") and kill is None:
@@ -69,11 +75,24 @@ def judge(
         if again:
             failures.append(f"tasks retried in a clean run: {', '.join(again)}")
     if (
-        scenario in ("clean", "kill-idle-reader", "kill-orphan", "throughput")
+        scenario in ("clean", "kill-idle-reader", "sigterm-running", "kill-orphan", "throughput")
         and watch.final
         and watch.run_state != "success"
     ):
         failures.append(f"run ended {watch.run_state}, expected success")
+    cut = sorted(
+        (
+            ts
+            for ts in tasks.values()
+            if ts.ti_id in running_at_sigterm and (ts.state, ts.try_number) != ("success", 1)
+        ),
+        key=lambda ts: ts.task_id,
+    )
+    if cut and watch.final:
+        failures.append(
+            "tasks running at the SIGTERM did not finish on their first try: "
+            + ", ".join(_describe_task(ts, None) for ts in cut)
+        )
     if kill is not None and kill.task_id is not None:
         failures += _judge_killed(kill, tasks.get(kill.task_id), tries.get(kill.task_id, []), watch.final)
     return failures

@@ -91,6 +91,20 @@ def children(pid: int, stats: Iterable[Stat] | None = None) -> list[int]:
     return [s.pid for s in (stats if stats is not None else all_stats()) if s.ppid == pid]
 
 
+def descendants(pid: int, stats: Iterable[Stat] | None = None) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...), in no particular order."""
+    by_parent: dict[int, list[int]] = {}
+    for s in stats if stats is not None else all_stats():
+        by_parent.setdefault(s.ppid, []).append(s.pid)
+    out: list[int] = []
+    todo = list(by_parent.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo.extend(by_parent.get(child, []))
+    return out
+
+
 def session_members(sids: Iterable[int]) -> list[int]:
     """Every live process in the given sessions, including orphans reparented to init."""
     wanted = set(sids)

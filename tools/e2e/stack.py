@@ -261,6 +261,7 @@ class AirflowStack:
         self.env = self._env()
         self.launched_at: float | None = None
         self.ready_at: float | None = None
+        self.retired: list[Process] = []  # components stopped and started again (restart())
 
     # The configuration is environment only, so every component (and every CLI call) shares it.
     def _env(self) -> dict[str, str]:
@@ -337,6 +338,17 @@ class AirflowStack:
             proc.start(self.env, home)
             self.procs[name] = proc
 
+    def restart(self, name: str) -> Process:
+        """Start component ``name`` again (the old process must have exited); same env and log."""
+        old = self.procs[name]
+        if old.alive():
+            raise StackError(f"cannot restart {name}: pid {old.pid} is still running")
+        proc = Process(name, old.argv, old.log)
+        proc.start(self.env, self.cfg.home)
+        self.retired.append(old)
+        self.procs[name] = proc
+        return proc
+
     @property
     def scheduler_pid(self) -> int:
         return self.procs["scheduler"].pid
@@ -398,7 +410,8 @@ class AirflowStack:
     def stop(self, timeout: float = 20.0) -> dict[str, dict[str, Any]]:
         """Stop every component by pid (SIGTERM, then SIGKILL); returns how each one ended."""
         out: dict[str, dict[str, Any]] = {}
-        sids = [p.pid for p in self.procs.values() if p.popen is not None]
+        # A restarted component's old session may hold what its first process left behind.
+        sids = [p.pid for p in [*self.procs.values(), *self.retired] if p.popen is not None]
         # Scheduler first, so it does not dispatch into a vanishing api-server.
         for name in ("scheduler", "dag-processor", "api-server"):
             proc = self.procs.get(name)

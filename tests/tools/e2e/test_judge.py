@@ -64,3 +64,38 @@ def test_idle_reader_run_that_never_started_fails() -> None:
         "run not final after 90 s (run state running); 2 queued; not done: a queued try 1, no pid, "
         "b queued try 1, no pid"
     ]
+
+
+def test_sigterm_running_passes_when_the_running_tasks_finished_on_their_first_try() -> None:
+    tasks = _tasks(t2=("success", 2))  # queued at the SIGTERM, reset by the new scheduler: try 2 is fine
+    out = judge.judge(
+        "sigterm-running",
+        _result(True, "success"),
+        90,
+        tasks,
+        {},
+        None,
+        n_tasks=3,
+        running_at_sigterm=["id0"],
+    )
+    assert out == []
+
+
+def test_sigterm_running_task_cut_short_or_run_again_fails_naming_it() -> None:
+    tasks = _tasks(t1=("success", 2), t2=("failed", 1))
+    out = judge.judge(
+        "sigterm-running",
+        _result(True, "failed"),
+        90,
+        tasks,
+        {},
+        None,
+        n_tasks=3,
+        running_at_sigterm=["id-t1", "id-t2"],
+    )
+    assert out == [
+        "tasks not successful: t2 failed try 1, no pid",
+        "run ended failed, expected success",
+        "tasks running at the SIGTERM did not finish on their first try: "
+        "t1 success try 2, no pid, t2 failed try 1, no pid",
+    ]

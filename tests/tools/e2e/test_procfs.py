@@ -95,3 +95,17 @@ def test_stat_of_this_process() -> None:
 def test_vanished_process_raises_procgone() -> None:
     with pytest.raises(procfs.ProcGone):
         procfs.cmdline(2**22 + 12345)
+
+
+def test_descendants_walks_the_whole_tree_below_a_pid() -> None:
+    stats = [
+        procfs.Stat(10, "S", 1, 10, 10),  # the scheduler
+        procfs.Stat(11, "S", 10, 11, 11),  # a worker (its own session)
+        procfs.Stat(12, "S", 11, 12, 11),  # its task process
+        procfs.Stat(13, "Z", 12, 12, 11),  # what that started, exited
+        procfs.Stat(14, "S", 10, 10, 10),  # another worker
+        procfs.Stat(20, "S", 1, 20, 20),  # unrelated
+    ]
+    assert sorted(procfs.descendants(10, stats)) == [11, 12, 13, 14]
+    assert procfs.descendants(14, stats) == []
+    assert os.getpid() not in procfs.descendants(os.getpid())

@@ -1,0 +1,46 @@
+"""AirflowStack's process handling, with stand-in commands instead of Airflow components."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tools.e2e import procfs
+from tools.e2e.stack import AirflowStack, Process, StackConfig, StackError
+
+
+def _stack(tmp_path: Path) -> AirflowStack:
+    cfg = StackConfig(venv=tmp_path, home=tmp_path, dag_file=tmp_path / "dag.py", db_url=None)
+    return AirflowStack(cfg, say=lambda _: None)
+
+
+def test_restart_starts_the_component_again_and_stop_sweeps_both_sessions(tmp_path: Path) -> None:
+    stack = _stack(tmp_path)
+    # Each run leaves a process behind in its own session, as a scheduler killed mid-shutdown would.
+    first = Process("scheduler", ["sh", "-c", "sleep 60 & exit 0"], tmp_path / "logs" / "scheduler.log")
+    first.start(stack.env, tmp_path)
+    stack.procs["scheduler"] = first
+    assert first.popen is not None and first.popen.wait(10) == 0
+    second = stack.restart("scheduler")
+    assert stack.procs["scheduler"] is second and second.pid != first.pid
+    assert stack.scheduler_pid == second.pid and stack.retired == [first]
+    assert second.popen is not None and second.popen.wait(10) == 0
+    left = procfs.session_members([first.pid, second.pid])
+    assert len(left) == 2
+    out = stack.stop(timeout=5)
+    assert sorted(out["leftover_pids_killed"]["pids"]) == sorted(left)
+    assert procfs.session_members([first.pid, second.pid]) == []
+
+
+def test_restart_refuses_a_component_that_still_runs(tmp_path: Path) -> None:
+    stack = _stack(tmp_path)
+    proc = Process("scheduler", ["sleep", "60"], tmp_path / "logs" / "scheduler.log")
+    proc.start(stack.env, tmp_path)
+    stack.procs["scheduler"] = proc
+    try:
+        with pytest.raises(StackError, match=f"cannot restart scheduler: pid {proc.pid} is still running"):
+            stack.restart("scheduler")
+    finally:
+        stack.stop(timeout=5)
+    assert not proc.alive()
