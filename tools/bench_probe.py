@@ -267,7 +267,11 @@ def measure_recovery(rec: dict[str, Any], watch: Watch, parallelism: int, runs: 
         executor = harness.new_executor(parallelism)
         watch.arm(wait + 30, "recovery")
         harness.dispatch(executor, busy)
-        if not harness.wait_until(lambda d=started: len(os.listdir(d)) == parallelism, timeout=30):
+
+        def all_busy(d: str = started) -> bool:
+            return len(os.listdir(d)) == parallelism
+
+        if not harness.wait_until(all_busy, timeout=30):
             raise Abandon(f"n/a: only {len(os.listdir(started))} of {parallelism} busy tasks started")
         victim_task, victim_pid = sorted(os.listdir(started))[0].rsplit(".", 1)
         victim_key = next(harness.key_of(w) for w in busy if w.ti.task_id == victim_task)

@@ -42,4 +42,5 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(params=["fork", "spawn"])
 def start_method(request: pytest.FixtureRequest) -> str:
     """Both start methods: fork is the Linux default, spawn the macOS one (and 3.14's)."""
-    return request.param
+    method: str = request.param
+    return method

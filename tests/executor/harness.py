@@ -609,13 +609,13 @@ def install_fake_runner() -> None:
             fake_run(workload)
             return 0
 
-        BaseExecutor.run_workload = staticmethod(run_workload)  # type: ignore[method-assign]
+        BaseExecutor.run_workload = staticmethod(run_workload)  # type: ignore[method-assign, unused-ignore]
     else:
 
         def execute_work(log: Any, workload: Any, *_: Any) -> None:
             fake_run(workload)
 
-        local_executor._execute_work = execute_work  # type: ignore[attr-defined]
+        local_executor._execute_work = execute_work  # type: ignore[attr-defined, unused-ignore]
 
 
 def make_workload(
@@ -686,8 +686,10 @@ def queued(executor: Any) -> dict[Any, Any]:
     if queues is not None:
         from airflow.executors.workloads import WorkloadType
 
-        return queues[WorkloadType.EXECUTE_TASK]
-    return executor.queued_tasks
+        tasks: dict[Any, Any] = queues[WorkloadType.EXECUTE_TASK]
+        return tasks
+    tasks = executor.queued_tasks
+    return tasks
 
 
 def new_executor(parallelism: int) -> Any:
@@ -759,7 +761,7 @@ def terminal_states(executor: Any) -> dict[str, str]:
     return {label(key): str(state) for key, (state, _) in executor.event_buffer.items()}
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01) -> bool:
+def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.01) -> bool:
     import multiprocessing
 
     if multiprocessing.get_start_method() == "spawn":
@@ -769,7 +771,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: f
         if predicate():
             return True
         time.sleep(interval)
-    return predicate()
+    return bool(predicate())
 
 
 def _child_main(request: dict[str, Any]) -> None:

@@ -275,7 +275,7 @@ def earlier_dispatch_ends_last() -> dict:
             reported.append(str(state))
         return change_state(self, key, state, *args, **kwargs)
 
-    BaseExecutor.change_state = recording  # type: ignore[method-assign]
+    BaseExecutor.change_state = recording  # type: ignore[method-assign, unused-ignore]
     executor = new_executor(2)
     gate = str(Path(tempfile.mkdtemp(), "gate"))
     older_started, newer_started, after_started = (tempfile.mkdtemp() for _ in range(3))

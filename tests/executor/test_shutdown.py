@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import tempfile
 import time
@@ -78,7 +79,7 @@ def terminate_busy_workers() -> dict:
     }
 
 
-def _alive(proc) -> bool:
+def _alive(proc: multiprocessing.process.BaseProcess) -> bool:
     try:
         return proc.is_alive()
     except ValueError:  # closed by terminate(): it was reaped

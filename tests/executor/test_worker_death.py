@@ -203,7 +203,8 @@ def _unread(executor, pid: int) -> int:
 
     outputs = getattr(executor, "_outputs", None)
     conn = outputs[pid].conn if outputs and pid in outputs else executor.result_queue._reader
-    return struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    unread: int = struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    return unread
 
 
 def _big_worker(executor, started_dir: str) -> tuple[int, object]:

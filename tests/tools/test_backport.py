@@ -13,6 +13,7 @@ import pytest
 from tools import backport as bp
 from tools import pins
 from tools.layout import DEFAULT, Layout
+from tools.series import read_series_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic_airflow as syn
@@ -295,7 +296,7 @@ def test_test_option_runs_the_line_tests(
 
 
 def test_real_series_if_present(tmp_path: Path, bases: dict[str, bytes]) -> None:
-    if not bp.read_series_names(DEFAULT.series_file):
+    if not read_series_names(DEFAULT.series_file):
         pytest.skip("no real series yet")
     repo = syn.make_airflow_repo(tmp_path / "airflow", bases)
     before = branches(repo)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tools import model
+from tools.errors import ToolError
 from tools.layout import Layout
 
 PAN_CLEAN = """\
@@ -212,7 +213,7 @@ def test_the_sigterm_finding_is_a_gating_check_that_finds_nothing() -> None:
 def test_select_by_stage() -> None:
     assert {c.stage for c in model.select(["final"])} == {"final"}
     assert model.select(None) == list(model.CHECKS)
-    with pytest.raises(model.ToolError, match="unknown stage 7"):
+    with pytest.raises(ToolError, match="unknown stage 7"):
         model.select(["7"])
 
 

@@ -63,9 +63,11 @@ def smoke_script(tmp_path: Path, ok: bool) -> Path:
     return script
 
 
-def make(python: Path, overlay_dir: Path, tmp_path: Path, ok: bool = True) -> oi.OverlayInstaller:
+def make(
+    python: Path, overlay_dir: Path, tmp_path: Path, ok: bool = True, out: io.StringIO | None = None
+) -> oi.OverlayInstaller:
     return oi.OverlayInstaller(
-        python, overlay_dir=overlay_dir, smoke_script=smoke_script(tmp_path, ok), out=io.StringIO()
+        python, overlay_dir=overlay_dir, smoke_script=smoke_script(tmp_path, ok), out=out or io.StringIO()
     )
 
 
@@ -78,7 +80,8 @@ def test_install_status_restore_roundtrip(tmp_path: Path, base: bytes, overlay_d
     pyc = target.parent / "__pycache__" / f"local_executor.{sys.implementation.cache_tag}.pyc"
     pyc.parent.mkdir()
     pyc.write_bytes(b"stale bytecode")
-    inst = make(python, overlay_dir, tmp_path)
+    out = io.StringIO()
+    inst = make(python, overlay_dir, tmp_path, out=out)
     assert inst.status().state is oi.OverlayState.PRISTINE
 
     st = inst.install()
@@ -95,7 +98,7 @@ def test_install_status_restore_roundtrip(tmp_path: Path, base: bytes, overlay_d
     before = snapshot(tmp_path / "env")
     inst.install()  # again: a no-op
     assert snapshot(tmp_path / "env") == before
-    assert "already installed" in inst._out.getvalue()  # type: ignore[attr-defined]
+    assert "already installed" in out.getvalue()
 
     st = inst.restore()
     assert st.state is oi.OverlayState.PRISTINE
@@ -261,6 +264,7 @@ UV = shutil.which("uv")
 @pytest.mark.skipif(UV is None, reason="uv is needed to build a real apache-airflow-core venv")
 def test_real_venv_install_smoke_restore(tmp_path: Path, base: bytes) -> None:
     """A real apache-airflow-core 3.3.1 (covered by the 3.3 line), the real smoke dispatch."""
+    assert UV is not None  # the skipif above
     venv = tmp_path / "airflow-env"
     subprocess.run([UV, "venv", "-q", "-p", sys.executable, str(venv)], check=True)
     wheel = (
@@ -280,14 +284,15 @@ def test_real_venv_install_smoke_restore(tmp_path: Path, base: bytes) -> None:
         f = overlay_dir / LINE.name / pins.PACKAGE_PATH
         f.parent.mkdir(parents=True)
         f.write_bytes(base + b"\n# lepatch test overlay\n")
-    inst = oi.OverlayInstaller(python, overlay_dir=overlay_dir, out=io.StringIO())
+    out = io.StringIO()
+    inst = oi.OverlayInstaller(python, overlay_dir=overlay_dir, out=out)
     env = inst.inspect()
     assert env.version == "3.3.1"
     assert env.target.read_bytes() == base
 
     st = inst.install()
     assert st.state is oi.OverlayState.INSTALLED
-    assert "smoke dispatch passed" in inst._out.getvalue()  # type: ignore[attr-defined]
+    assert "smoke dispatch passed" in out.getvalue()
     assert env.target.read_bytes() == (overlay_dir / LINE.name / pins.PACKAGE_PATH).read_bytes()
 
     inst.restore()

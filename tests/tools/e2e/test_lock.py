@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tools import pins
+from tools import fetch, pins
 from tools.e2e import lock
 from tools.errors import ToolError
 from tools.layout import Layout
@@ -64,7 +64,7 @@ def test_a_version_without_files_is_an_error() -> None:
 
 def test_lock_line_compiles_as_of_the_cutoff(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     layout = Layout(root=tmp_path)
-    monkeypatch.setattr(lock.fetch, "ensure_wheel", lambda line, layout: Path("unused.whl"))
+    monkeypatch.setattr(fetch, "ensure_wheel", lambda line, layout: Path("unused.whl"))
     monkeypatch.setattr(lock, "oldest_python", lambda wheel: "3.10")
     seen: list[tuple[str, ...]] = []
 

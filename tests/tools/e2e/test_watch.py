@@ -6,7 +6,7 @@ import http.server
 import json
 import threading
 
-from tools.e2e.watch import RestApi, RunWatcher, Transition
+from tools.e2e.watch import Json, RestApi, RunWatcher, Transition
 
 
 class FakeClock:
@@ -33,19 +33,19 @@ class FakeApi:
             raise frame
         return frame  # type: ignore[return-value]
 
-    def run(self, dag_id: str, run_id: str) -> dict:
+    def run(self, dag_id: str, run_id: str) -> Json:
         try:
             return {"state": self._frame()[0]}
         except Exception:
             self.i += 1
             raise
 
-    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+    def task_instances(self, dag_id: str, run_id: str) -> list[Json]:
         _, tasks = self._frame()
         self.i += 1
         return [{"task_id": k, "id": f"id-{k}", "state": s, "try_number": n} for k, (s, n) in tasks.items()]
 
-    def tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict]:
+    def tries(self, dag_id: str, run_id: str, task_id: str) -> list[Json]:
         return []
 
 
