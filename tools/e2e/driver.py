@@ -584,6 +584,25 @@ def sigterm_running(run: Run) -> None:
     run.event(f"scheduler started again, pid {proc.pid}")
 
 
+def _cpu_by_component(stack: AirflowStack) -> dict[str, float]:
+    """CPU seconds each component has used so far: the scheduler's own process (its threads, the
+    executor's included) apart from its workers and their task processes."""
+    out: dict[str, float] = {}
+    stats = procfs.all_stats()
+    for name, proc in stack.procs.items():
+        if proc.popen is None or not proc.alive():
+            continue
+        with contextlib.suppress(procfs.ProcGone):
+            tree = procfs.tree_cpu_seconds(proc.pid, stats)
+            if name == "scheduler":
+                own = procfs.cpu_seconds(proc.pid, reaped_children=False)
+                out["scheduler"] = round(own, 1)
+                out["workers+tasks"] = round(tree - own, 1)
+            else:
+                out[name] = round(tree, 1)
+    return out
+
+
 def _title_or_gone(pid: int) -> str:
     try:
         return procfs.cmdline(pid)[:60]
@@ -736,6 +755,9 @@ class ScenarioRunner:
             failures.append(str(e))
         finally:
             run.done.set()
+            if name == "throughput":
+                run.extra["cpu_s"] = _cpu_by_component(stack)
+                run.event("cpu: " + ", ".join(f"{k} {v:.1f} s" for k, v in run.extra["cpu_s"].items()))
             stop_info = stack.stop()
             if stop_info.get("leftover_pids_killed"):
                 self.say(f"  killed leftover processes: {stop_info['leftover_pids_killed']['pids']}")

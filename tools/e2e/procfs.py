@@ -72,6 +72,28 @@ def stat(pid: int) -> Stat:
     return Stat(pid=pid, state=rest[0], ppid=int(rest[1]), pgid=int(rest[2]), sid=int(rest[3]))
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, reaped_children: bool = True) -> float:
+    """CPU time ``pid`` used (all its threads), plus what its reaped children used if asked."""
+    raw = _read(f"/proc/{pid}/stat").decode(errors="replace")
+    rest = raw[raw.rindex(")") + 2 :].split()
+    # Fields 14-17 of proc(5): utime, stime, cutime, cstime; rest[0] is field 3.
+    ticks = [int(x) for x in rest[11:15]]
+    return (sum(ticks) if reaped_children else ticks[0] + ticks[1]) / _TICKS
+
+
+def tree_cpu_seconds(pid: int, stats: Iterable[Stat] | None = None) -> float:
+    """CPU time of ``pid`` and everything below it, live or reaped (a process that exited and was
+    never waited for is not counted: its time reaches nobody)."""
+    total = 0.0
+    for p in [pid, *descendants(pid, stats)]:
+        with contextlib.suppress(ProcGone, ValueError, IndexError):
+            total += cpu_seconds(p)
+    return total
+
+
 def all_pids() -> Iterator[int]:
     for name in os.listdir("/proc"):
         if name.isdigit():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -109,3 +110,25 @@ def test_descendants_walks_the_whole_tree_below_a_pid() -> None:
     assert sorted(procfs.descendants(10, stats)) == [11, 12, 13, 14]
     assert procfs.descendants(14, stats) == []
     assert os.getpid() not in procfs.descendants(os.getpid())
+
+
+def test_cpu_seconds_of_this_process_grow_with_work_and_count_reaped_children() -> None:
+    import subprocess
+    import sys
+
+    before = procfs.cpu_seconds(os.getpid(), reaped_children=False)
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    assert procfs.cpu_seconds(os.getpid(), reaped_children=False) >= before + 0.1
+    with_children = procfs.cpu_seconds(os.getpid())
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass",
+        ],
+        check=True,
+    )
+    assert procfs.cpu_seconds(os.getpid()) >= with_children + 0.2  # the reaped child's time
+    assert procfs.tree_cpu_seconds(os.getpid()) >= procfs.cpu_seconds(os.getpid())
