@@ -55,7 +55,9 @@ throughput
     tasks/s, and the queued-to-start (and scheduled-to-start) p50/p95 of the task instances.
     ``[scheduler] task_queued_timeout`` is 600 s there (30 s otherwise): the unpatched base's
     queue gets deeper than 30 s, and a requeue would change what is measured; with SQLite a
-    connection waits up to 60 s for the database lock (5 s otherwise). Not in the
+    connection waits up to 60 s for the database lock (5 s otherwise); each component's
+    database pool holds parallelism + 8 connections (Airflow's 5 + 10 overflow lets 16
+    supervisors starting at once exhaust the api-server's, which then fails task starts). Not in the
     default set: ask for it with ``--scenario throughput``, e.g. ``--tasks 200 --parallelism 16``.
 
 ``--compare-stages 0,9`` runs the selected scenarios once per stage (``full`` = the series
@@ -128,6 +130,11 @@ TP_DEADLINE_PER_TASK = 1.0
 TP_POLL_INTERVAL = 2.0
 TP_QUEUED_TIMEOUT = 600.0  # [scheduler] task_queued_timeout for throughput (30 s otherwise)
 TP_SQLITE_BUSY_TIMEOUT = 60.0  # SQLite lock wait for throughput (the driver's default is 5 s)
+# throughput: the api-server's pool holds this many connections beyond parallelism. With Airflow's
+# 5 + 10, parallelism 16 task supervisors starting at once (each PATCH .../run holds one) plus the
+# driver's polling wait 30 s for a connection; the timed-out starts fail their tasks and leave
+# some ``running`` in the API. Seen on the unpatched base and the series alike.
+TP_POOL_HEADROOM = 8
 # Above this many rows the printed timeline is only its summary line (the report keeps it all).
 MAX_TIMELINE_ROWS = 40
 
@@ -665,6 +672,7 @@ class ScenarioRunner:
             cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
             # 16 workers' task processes and a loaded machine: 5 s of SQLite lock wait is not enough.
             cfg.sqlite_busy_timeout = TP_SQLITE_BUSY_TIMEOUT
+            cfg.db_pool_size = self.opts.parallelism + TP_POOL_HEADROOM
         stack = AirflowStack(cfg, self.say)
         api = RestApi(stack.api)
         run = Run(name, stack, api, self.opts, self.say, dag=dag, deadline=deadline, marks=marks)

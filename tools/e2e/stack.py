@@ -246,6 +246,9 @@ class StackConfig:
     # SQLite only: seconds a connection waits for the database lock before "database is locked"
     # (None: the driver's 5 s default).
     sqlite_busy_timeout: float | None = None
+    # Connections each component's SQLAlchemy pool may hold (pool size; None: Airflow's 5, with 10
+    # more as overflow).
+    db_pool_size: int | None = None
 
 
 class AirflowStack:
@@ -303,6 +306,8 @@ class AirflowStack:
                 "LEPATCH_E2E_TASK_SECONDS": f"{c.task_seconds:g}",
             }
         )
+        if c.db_pool_size is not None:
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE"] = str(c.db_pool_size)
         env.update(c.extra_env)
         return env
 

@@ -311,3 +311,18 @@ def test_sqlite_busy_timeout_goes_into_the_url(tmp_path: Path) -> None:
         url(db_url="postgresql+psycopg2://a@h/db", sqlite_busy_timeout=60.0) == "postgresql+psycopg2://a@h/db"
     )
     assert driver.TP_SQLITE_BUSY_TIMEOUT >= 30 and driver.TP_QUEUED_TIMEOUT >= 300
+
+
+def test_db_pool_size_is_set_only_when_asked(tmp_path: Path) -> None:
+    from tools.e2e.stack import AirflowStack, StackConfig
+
+    def env(**kw: Any) -> dict[str, str]:
+        cfg = StackConfig(
+            venv=tmp_path / "v", home=tmp_path / "h", dag_file=tmp_path / "d.py", db_url=None, **kw
+        )
+        return AirflowStack(cfg, print).env
+
+    assert "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE" not in env()  # Airflow's own default elsewhere
+    assert env(db_pool_size=24)["AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE"] == "24"
+    # Enough for every supervisor of a throughput run plus the driver's own polling.
+    assert driver.TP_POOL_HEADROOM >= 4
