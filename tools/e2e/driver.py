@@ -55,10 +55,13 @@ throughput
     tasks/s, and the queued-to-start (and scheduled-to-start) p50/p95 of the task instances.
     ``[scheduler] task_queued_timeout`` is 600 s there (30 s otherwise): the unpatched base's
     queue gets deeper than 30 s, and a requeue would change what is measured; with SQLite a
-    connection waits up to 60 s for the database lock (5 s otherwise); each component's
-    database pool holds parallelism + 8 connections (Airflow's 5 + 10 overflow lets 16
-    supervisors starting at once exhaust the api-server's, which then fails task starts). Not in the
-    default set: ask for it with ``--scenario throughput``, e.g. ``--tasks 200 --parallelism 16``.
+    connection waits up to 60 s for the database lock (5 s otherwise). Not in the default set:
+    ask for it with ``--scenario throughput``, e.g. ``--tasks 200 --parallelism 16``.
+
+In every scenario each component's database pool holds parallelism + 8 connections: with
+Airflow's 5 (+ 10 overflow), 16 supervisors starting at once exhaust the api-server's, which
+then fails task starts after 30 s. kill-queued at parallelism 30 or more runs the throughput
+DAG (4 x parallelism no-op tasks): the main DAG would reach every worker in one wave.
 
 ``--compare-stages 0,9`` runs the selected scenarios once per stage (``full`` = the series
 overlay) in one invocation, each stage's executor installed in turn, and ends with a table of
@@ -130,11 +133,11 @@ TP_DEADLINE_PER_TASK = 1.0
 TP_POLL_INTERVAL = 2.0
 TP_QUEUED_TIMEOUT = 600.0  # [scheduler] task_queued_timeout for throughput (30 s otherwise)
 TP_SQLITE_BUSY_TIMEOUT = 60.0  # SQLite lock wait for throughput (the driver's default is 5 s)
-# throughput: the api-server's pool holds this many connections beyond parallelism. With Airflow's
-# 5 + 10, parallelism 16 task supervisors starting at once (each PATCH .../run holds one) plus the
-# driver's polling wait 30 s for a connection; the timed-out starts fail their tasks and leave
-# some ``running`` in the API. Seen on the unpatched base and the series alike.
-TP_POOL_HEADROOM = 8
+# Each component's database pool holds this many connections beyond parallelism. With Airflow's
+# 5 + 10, 16 task supervisors starting at once (each PATCH .../run holds one) plus the driver's
+# polling waited 30 s for a connection in the api-server; the timed-out starts failed their tasks
+# and left some ``running`` in the API. Seen on the unpatched base and the series alike.
+POOL_HEADROOM = 8
 # Above this many rows the printed timeline is only its summary line (the report keeps it all).
 MAX_TIMELINE_ROWS = 40
 
@@ -153,12 +156,20 @@ THROUGHPUT_DAG_ID = "lepatch_e2e_throughput"
 DEFAULT_TP_TASKS = 200
 
 
-def dag_for(name: str, tasks: int = DEFAULT_TP_TASKS) -> DagSpec:
-    """The DAG a scenario triggers (``tasks``: the throughput DAG's task count)."""
+def dag_for(name: str, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
+    """The DAG a scenario triggers (``tasks``: the throughput DAG's task count).
+
+    kill-queued needs workloads that reach workers one at a time, as running ones end: at
+    parallelism 30 or more the main DAG is one wave, every worker forks at once and a title read
+    waits for the fork to finish (it needs the worker's memory map), so no worker is ever seen
+    before its fork. There it runs the throughput DAG's no-op tasks, 4 x parallelism of them.
+    """
     if name == "kill-orphan":
         return ORPHAN_DAG
     if name == "throughput":
         return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, tasks)
+    if name == "kill-queued" and parallelism >= MAIN_DAG.n_tasks:
+        return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, 4 * parallelism)
     return MAIN_DAG
 
 
@@ -648,13 +659,13 @@ class ScenarioRunner:
 
     def run(self, name: str) -> ScenarioResult:
         home = self.workdir / name
-        dag = dag_for(name, self.opts.tasks)
+        dag = dag_for(name, self.opts.tasks, self.opts.parallelism)
         deadline = scenario_deadline(name, self.opts.deadline, self.opts.tasks)
         marks = home / "orphan-marks.txt" if name == "kill-orphan" else None
         extra_env = (
             {MARKS_ENV: str(marks), "LEPATCH_E2E_ORPHAN_SECONDS": str(ORPHAN_SECONDS)} if marks else {}
         )
-        if name == "throughput":
+        if dag.file == THROUGHPUT_DAG_FILE:
             extra_env[TP_TASKS_ENV] = str(dag.n_tasks)
         if self.opts.min_heartbeat_interval is not None:
             extra_env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = str(self.opts.min_heartbeat_interval)
@@ -666,13 +677,13 @@ class ScenarioRunner:
             parallelism=self.opts.parallelism,
             task_seconds=self.opts.task_seconds,
             extra_env=extra_env,
+            db_pool_size=self.opts.parallelism + POOL_HEADROOM,
         )
         if name == "throughput":
             # A slow stage's queue may well be 30 s deep; a requeue would change what is measured.
             cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
             # 16 workers' task processes and a loaded machine: 5 s of SQLite lock wait is not enough.
             cfg.sqlite_busy_timeout = TP_SQLITE_BUSY_TIMEOUT
-            cfg.db_pool_size = self.opts.parallelism + TP_POOL_HEADROOM
         stack = AirflowStack(cfg, self.say)
         api = RestApi(stack.api)
         run = Run(name, stack, api, self.opts, self.say, dag=dag, deadline=deadline, marks=marks)

@@ -214,6 +214,13 @@ def test_throughput_dag_deadline_and_labels() -> None:
     assert driver.stage_label(0) == "stage 0" and driver.stage_label(None) == "full series"
 
 
+def test_kill_queued_runs_the_no_op_dag_when_the_main_one_is_a_single_wave() -> None:
+    assert driver.dag_for("kill-queued", parallelism=8) == driver.MAIN_DAG
+    wide = driver.dag_for("kill-queued", parallelism=32)
+    assert (wide.dag_id, wide.n_tasks) == ("lepatch_e2e_throughput", 128)
+    assert driver.dag_for("kill-running", parallelism=32) == driver.MAIN_DAG
+
+
 def test_the_dag_file_reads_its_task_count_from_the_driver_env() -> None:
     text = driver.THROUGHPUT_DAG_FILE.read_text()
     assert driver.TP_TASKS_ENV in text and f'DAG_ID = "{driver.THROUGHPUT_DAG_ID}"' in text
@@ -325,4 +332,4 @@ def test_db_pool_size_is_set_only_when_asked(tmp_path: Path) -> None:
     assert "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE" not in env()  # Airflow's own default elsewhere
     assert env(db_pool_size=24)["AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE"] == "24"
     # Enough for every supervisor of a throughput run plus the driver's own polling.
-    assert driver.TP_POOL_HEADROOM >= 4
+    assert driver.POOL_HEADROOM >= 4
