@@ -255,6 +255,7 @@ class Run:
         self.watcher = RunWatcher(api, dag.dag_id, self.run_id)
         self.events: list[tuple[float, str]] = []
         self.kill: Kill | None = None
+        self.failures: list[str] = []  # what an action of the scenario (DURING/BEFORE) found wrong
         self.done = threading.Event()
         self.extra: Json = {}
 
@@ -553,19 +554,19 @@ def sigterm_running(run: Run) -> None:
     """SIGTERM the scheduler while tasks run; check what it leaves behind; start it again."""
     sched = run.stack.scheduler_pid
     want = min(run.opts.parallelism, SIGTERM_RUNNING_TASKS)
+    seen: list[procfs.Worker] = []
     busy: list[procfs.Worker] = []
     while not run.done.is_set() and run.remaining() > 0:
-        busy = [w for w in procfs.workers_of(sched) if w.busy_with and w.children]
+        seen = procfs.workers_of(sched)
+        busy = [w for w in seen if w.busy_with and w.children]
         if len(busy) >= want:
             break
         time.sleep(0.05)
     else:
-        run.extra["sigterm_failures"] = [
-            f"fewer than {want} tasks were ever running at once; no SIGTERM sent"
-        ]
+        run.failures.append(f"fewer than {want} tasks were ever running at once; no SIGTERM sent")
         run.event(f"fewer than {want} tasks were ever running at once before the deadline")
         return
-    workers = [w.pid for w in procfs.workers_of(sched)]
+    workers = [w.pid for w in seen]
     below = procfs.descendants(sched)
     run.extra.update(
         running_at_sigterm=[w.busy_with for w in busy],
@@ -573,21 +574,19 @@ def sigterm_running(run: Run) -> None:
         pids_below_scheduler_at_sigterm=below,
     )
     run.event(f"{len(busy)} tasks running on workers {', '.join(str(w.pid) for w in busy)}")
-    failures: list[str] = []
     problem = sigterm_scheduler(run)
     if problem:
-        failures.append(problem)
+        run.failures.append(problem)
     # Patched workers lead sessions of their own; unpatched ones share the scheduler's.
     left = sorted(set(_alive(below)) | set(procfs.session_members([sched, *workers])))
     run.extra["left_behind"] = left
     if left:
         named = ", ".join(f"{pid} ({_title_or_gone(pid)})" for pid in left[:6])
-        failures.append(f"{len(left)} process(es) left behind after the scheduler exited: {named}")
+        run.failures.append(f"{len(left)} process(es) left behind after the scheduler exited: {named}")
         run.event(f"left behind: {named}; SIGKILL")
         procfs.kill_pids(left)
     else:
         run.event(f"nothing left behind of the {len(below)} processes below the scheduler")
-    run.extra["sigterm_failures"] = failures
     secs = run.extra.get("scheduler_stop_seconds")
     run.extra["sigterm_summary"] = (
         f"SIGTERM with {len(busy)} tasks running: scheduler "
@@ -607,17 +606,17 @@ def _cpu_by_component(stack: AirflowStack) -> dict[str, float]:
     executor's included) apart from its workers and their task processes."""
     out: dict[str, float] = {}
     stats = procfs.all_stats()
+    by_pid = {s.pid: s for s in stats}
     for name, proc in stack.procs.items():
-        if proc.popen is None or not proc.alive():
+        if proc.popen is None or proc.pid not in by_pid:
             continue
-        with contextlib.suppress(procfs.ProcGone):
-            tree = procfs.tree_cpu_seconds(proc.pid, stats)
-            if name == "scheduler":
-                own = procfs.cpu_seconds(proc.pid, reaped_children=False)
-                out["scheduler"] = round(own, 1)
-                out["workers+tasks"] = round(tree - own, 1)
-            else:
-                out[name] = round(tree, 1)
+        tree = procfs.tree_cpu_seconds(proc.pid, stats)
+        if name == "scheduler":
+            own = by_pid[proc.pid].cpu_seconds(reaped_children=False)
+            out["scheduler"] = round(own, 1)
+            out["workers+tasks"] = round(tree - own, 1)
+        else:
+            out[name] = round(tree, 1)
     return out
 
 
@@ -758,7 +757,7 @@ class ScenarioRunner:
                 n_tasks=dag.n_tasks,
                 running_at_sigterm=run.extra.get("running_at_sigterm", ()),
             )
-            failures += run.extra.get("sigterm_failures", [])
+            failures += run.failures
             if name == "kill-orphan":
                 failures += measure_orphan(run, watch.final, watch.run_state)
             if name == "throughput" and tis:

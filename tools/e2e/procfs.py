@@ -56,6 +56,9 @@ def wchan(pid: int) -> str:
     return _read(f"/proc/{pid}/wchan").decode(errors="replace").strip()
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 @dataclass(frozen=True)
 class Stat:
     pid: int
@@ -63,35 +66,36 @@ class Stat:
     ppid: int
     pgid: int
     sid: int
+    # Clock ticks of proc(5) fields 14-17: utime, stime, cutime, cstime (its threads, then its
+    # reaped children).
+    ticks: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    def cpu_seconds(self, reaped_children: bool = True) -> float:
+        """CPU time it used (all its threads), plus what its reaped children used if asked."""
+        used = sum(self.ticks) if reaped_children else self.ticks[0] + self.ticks[1]
+        return used / _TICKS
 
 
 def stat(pid: int) -> Stat:
     raw = _read(f"/proc/{pid}/stat").decode(errors="replace")
     # The command name is in parentheses and may itself contain spaces or parentheses.
-    rest = raw[raw.rindex(")") + 2 :].split()
-    return Stat(pid=pid, state=rest[0], ppid=int(rest[1]), pgid=int(rest[2]), sid=int(rest[3]))
-
-
-_TICKS = os.sysconf("SC_CLK_TCK")
+    rest = raw[raw.rindex(")") + 2 :].split()  # rest[0] is field 3
+    u, s, cu, cs = (int(x) for x in rest[11:15])
+    return Stat(
+        pid=pid, state=rest[0], ppid=int(rest[1]), pgid=int(rest[2]), sid=int(rest[3]), ticks=(u, s, cu, cs)
+    )
 
 
 def cpu_seconds(pid: int, reaped_children: bool = True) -> float:
-    """CPU time ``pid`` used (all its threads), plus what its reaped children used if asked."""
-    raw = _read(f"/proc/{pid}/stat").decode(errors="replace")
-    rest = raw[raw.rindex(")") + 2 :].split()
-    # Fields 14-17 of proc(5): utime, stime, cutime, cstime; rest[0] is field 3.
-    ticks = [int(x) for x in rest[11:15]]
-    return (sum(ticks) if reaped_children else ticks[0] + ticks[1]) / _TICKS
+    return stat(pid).cpu_seconds(reaped_children)
 
 
 def tree_cpu_seconds(pid: int, stats: Iterable[Stat] | None = None) -> float:
     """CPU time of ``pid`` and everything below it, live or reaped (a process that exited and was
     never waited for is not counted: its time reaches nobody)."""
-    total = 0.0
-    for p in [pid, *descendants(pid, stats)]:
-        with contextlib.suppress(ProcGone, ValueError, IndexError):
-            total += cpu_seconds(p)
-    return total
+    stats = list(stats if stats is not None else all_stats())
+    by_pid = {s.pid: s for s in stats}
+    return sum(by_pid[p].cpu_seconds() for p in [pid, *descendants(pid, stats)] if p in by_pid)
 
 
 def all_pids() -> Iterator[int]:
