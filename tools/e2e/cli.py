@@ -91,6 +91,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             "of that noise"
         ),
     )
+    p.add_argument(
+        "--trace-loops",
+        action="store_true",
+        help=(
+            "record the scheduler's loops from inside it (a hook put into the e2e venv for the session): "
+            "how many, how many queued something, their CPU and the time the executor's heartbeat took"
+        ),
+    )
     p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
 
 
@@ -126,6 +134,7 @@ def options_from(args: argparse.Namespace) -> Options:
         compare=compare,
         rounds=args.rounds,
         min_heartbeat_interval=args.min_heartbeat_interval,
+        trace_loops=args.trace_loops,
     )
 
 

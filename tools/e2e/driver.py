@@ -89,8 +89,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tools import pins
-from tools.e2e import orphan, procfs, throughput
+from tools import pins, venvs
+from tools.e2e import looptrace, orphan, procfs, throughput
 from tools.e2e.judge import N_TASKS, Kill, judge
 from tools.e2e.stack import AirflowStack, Postgres, StackConfig, StackError, tail
 from tools.e2e.timeline import format_timeline, rows_from_api, summarize
@@ -206,6 +206,7 @@ class Options:
     compare: list[int | None] = field(default_factory=list)  # --compare-stages; None = full series
     rounds: int = 1  # --rounds: the --compare-stages cycle, run this many times (interleaved)
     min_heartbeat_interval: int | None = None  # [workers] min_heartbeat_interval; None: Airflow's
+    trace_loops: bool = False  # --trace-loops: record the scheduler's loops (tools/e2e/looptrace.py)
 
 
 @dataclass
@@ -668,6 +669,9 @@ class ScenarioRunner:
             extra_env[TP_TASKS_ENV] = str(dag.n_tasks)
         if self.opts.min_heartbeat_interval is not None:
             extra_env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = str(self.opts.min_heartbeat_interval)
+        trace = home / looptrace.TRACE_FILE if self.opts.trace_loops else None
+        if trace is not None:
+            extra_env[looptrace.ENV] = str(trace)
         cfg = StackConfig(
             venv=self.venv_path,
             home=home,
@@ -776,6 +780,11 @@ class ScenarioRunner:
             if name == "throughput":
                 run.extra["cpu_s"] = _cpu_by_component(stack)
                 run.event("cpu: " + ", ".join(f"{k} {v:.1f} s" for k, v in run.extra["cpu_s"].items()))
+            if trace is not None and run.watcher.t0 is not None:
+                end = run.watcher.t0 + watch.elapsed if watch and watch.final else time.monotonic()
+                if loops := looptrace.summarise(trace, run.watcher.t0, end):
+                    run.extra["loops"] = loops.as_json()
+                    run.event(loops.text())
             stop_info = stack.stop()
             if stop_info.get("leftover_pids_killed"):
                 self.say(f"  killed leftover processes: {stop_info['leftover_pids_killed']['pids']}")
@@ -906,11 +915,14 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
         )
     venv = AirflowVenv(opts.line, opts.out, say)
     venv.ensure()
+    site = venvs.purelib(venv.python) if opts.trace_loops else None
     stages = opts.compare or [opts.stage]
     reports: list[Json] = []
     pg: Postgres | None = None
     t_session = time.monotonic()
     try:
+        if site is not None:
+            looptrace.install(site)
         if opts.db == "postgres":
             pg = Postgres(say)
             pg.start()
@@ -925,6 +937,8 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
     finally:
         if pg is not None:
             pg.stop()
+        if site is not None:
+            looptrace.uninstall(site)
     passed = all(r["passed"] for r in reports)
     if len(stages) == 1:
         path = workdir / "report.json"
@@ -1036,6 +1050,24 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                 + (f"; medians of {n} rounds" if n > 1 else "")
             )
             out[name] = throughput.compare(rows, title)
+        traced = [
+            (
+                stage_label(stage),
+                [
+                    (
+                        looptrace.LoopTrace(**sc["extra"]["loops"]),
+                        sc["extra"].get("cpu_s", {}).get("scheduler"),
+                    )
+                    for rep in reports
+                    if rep["stage"] == stage
+                    for sc in rep["scenarios"]
+                    if sc["name"] == name and sc["passed"] and sc["extra"].get("loops")
+                ],
+            )
+            for stage in stages
+        ]
+        if any(runs for _, runs in traced):
+            out[f"{name} loops"] = looptrace.compare(traced, f"{name}: the scheduler's loops (--trace-loops)")
     return out
 
 

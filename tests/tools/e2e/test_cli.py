@@ -48,3 +48,8 @@ def test_bad_options_are_one_line_errors() -> None:
         _parse("--line", "2.9")
     with pytest.raises(ToolError, match="--stage must be >= 0"):
         _parse("--stage", "-1")
+
+
+def test_trace_loops_is_off_unless_asked_for() -> None:
+    assert not _parse().trace_loops
+    assert _parse("--trace-loops", "--scenario", "throughput").trace_loops

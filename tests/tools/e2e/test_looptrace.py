@@ -1,0 +1,157 @@
+"""``--trace-loops``: the hook records the scheduler's loops from inside it, and the driver sums them up.
+
+The hook is exercised in a real interpreter against a stand-in ``airflow`` package with the two
+methods it wraps, loaded the way the e2e venv loads it (a ``.pth`` file in a site directory).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tools.e2e import looptrace, looptrace_hook
+
+FAKE_AIRFLOW = {
+    "airflow/__init__.py": "",
+    "airflow/jobs/__init__.py": "",
+    "airflow/jobs/scheduler_job_runner.py": """
+        class SchedulerJobRunner:
+            n = 0
+
+            def _do_scheduling(self, session=None):
+                return self.n
+    """,
+    "airflow/executors/__init__.py": "",
+    "airflow/executors/base_executor.py": """
+        import time
+
+        class BaseExecutor:
+            def heartbeat(self):
+                time.sleep(0.05)
+    """,
+}
+
+# Two loops (one queues 3), two heartbeats; then a forked child (a worker) calls both and exits.
+DRIVE = """
+import os, site, sys
+site.addsitedir(sys.argv[2])
+sys.path.insert(0, sys.argv[3])
+from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+from airflow.executors.base_executor import BaseExecutor
+runner, executor = SchedulerJobRunner(), BaseExecutor()
+for n in (0, 3):
+    runner.n = n
+    assert runner._do_scheduling() == n
+    executor.heartbeat()
+pid = os.fork()
+if pid == 0:
+    runner._do_scheduling()
+    executor.heartbeat()
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.fixture
+def fake_airflow(tmp_path: Path) -> Path:
+    root = tmp_path / "fake"
+    for rel, body in FAKE_AIRFLOW.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(textwrap.dedent(body))
+    return root
+
+
+def _drive(tmp_path: Path, fake: Path, role: str, trace: Path | None) -> None:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    looptrace.install(site)
+    env = {"PATH": "/usr/bin:/bin"}
+    if trace is not None:
+        env[looptrace.ENV] = str(trace)
+    subprocess.run([sys.executable, "-c", DRIVE, role, str(site), str(fake)], env=env, check=True, timeout=60)
+
+
+def test_hook_records_each_loop_and_heartbeat_of_the_scheduler_only(tmp_path, fake_airflow):
+    trace = tmp_path / "trace.txt"
+    _drive(tmp_path, fake_airflow, "scheduler", trace)
+    lines = trace.read_text().splitlines()
+    # The forked child's calls are not recorded: two loops and two heartbeats, from the parent.
+    assert [ln.split()[0] for ln in lines] == ["S", "H", "S", "H"]
+    assert [ln.split()[-1] for ln in lines if ln.startswith("S")] == ["0", "3"]
+    got = looptrace.summarise(trace, 0.0, math.inf)
+    assert got is not None
+    assert (got.loops, got.busy_loops, got.queued) == (2, 1, 3)
+    assert 0.1 <= got.heartbeat_s < 1.0
+    assert 0.05 <= got.heartbeat_max_s <= got.heartbeat_s
+    # A sleeping heartbeat uses next to no CPU: wall time there is time the scheduler was held up.
+    assert got.heartbeat_cpu_s < got.heartbeat_s / 2
+
+
+def test_hook_is_inert_in_other_processes_and_without_a_trace_file(tmp_path, fake_airflow):
+    trace = tmp_path / "trace.txt"
+    _drive(tmp_path, fake_airflow, "api-server", trace)
+    _drive(tmp_path, fake_airflow, "scheduler", None)
+    assert not trace.exists()
+    assert not looptrace_hook.install(["airflow", "scheduler"], {})
+    assert not looptrace_hook.install(["airflow", "dag-processor"], {looptrace.ENV: str(trace)})
+    assert not trace.exists()
+
+
+def test_install_then_uninstall_leaves_the_site_as_it_was(tmp_path, fake_airflow):
+    site = tmp_path / "site"
+    (site / "__pycache__").mkdir(parents=True)
+    (site / "other.pth").write_text("")
+    before = sorted(p.name for p in site.rglob("*"))
+    looptrace.install(site)
+    assert (site / "lepatch_looptrace.pth").read_text().startswith("import lepatch_looptrace;")
+    (site / "__pycache__" / "lepatch_looptrace.cpython-311.pyc").write_bytes(b"")
+    looptrace.uninstall(site)
+    looptrace.uninstall(site)  # twice: nothing left to remove is fine
+    assert sorted(p.name for p in site.rglob("*")) == before
+
+
+def test_summarise_counts_only_calls_that_started_in_the_window(tmp_path):
+    trace = tmp_path / "trace.txt"
+    trace.write_text(
+        "S 5.0 5.2 1.0 1.1 16\n"  # before the trigger
+        "S 10.0 10.5 2.0 2.2 4\n"
+        "H 10.5 13.5 2.2 2.25\n"  # a heartbeat that blocked 3 s
+        "S 13.5 13.6 2.25 2.3 0\n"
+        "H 13.6 13.7 2.3 2.31\n"
+        "garbage line\n"
+        "S 30.0 30.1 3.0 3.1 2\n"  # after the run
+    )
+    got = looptrace.summarise(trace, 10.0, 20.0)
+    assert got is not None
+    assert (got.loops, got.busy_loops, got.queued) == (2, 1, 4)
+    assert got.scheduling_cpu_s == pytest.approx(0.25)
+    assert got.heartbeat_s == pytest.approx(3.1)
+    assert got.heartbeat_max_s == pytest.approx(3.0)
+    assert got.heartbeat_cpu_s == pytest.approx(0.06)
+    assert "31% of the run" in got.text() and "4.0 queued per busy loop" in got.text()
+    assert looptrace.summarise(trace, 40.0, 50.0) is None
+    assert looptrace.summarise(tmp_path / "missing.txt", 0.0, 1.0) is None
+
+
+def test_compare_gives_each_stage_its_medians(tmp_path):
+    def trace(loops: int, hb: float) -> looptrace.LoopTrace:
+        return looptrace.LoopTrace(loops, loops // 2, 200, 0.1 * loops, hb, hb / 2, 0.01, 40.0)
+
+    text = looptrace.compare(
+        [
+            ("stage 0", [(trace(30, 18.0), 7.0), (trace(28, 16.0), 6.8), (trace(32, 20.0), 7.2)]),
+            ("full series", [(trace(64, 0.2), 10.3)]),
+            ("stage 5", []),
+        ],
+        "title",
+    )
+    rows = {ln.split("  ")[0].strip(): ln for ln in text.splitlines()[2:]}
+    assert rows["stage 0"].split()[2:5] == ["3", "30", "15"]
+    assert "7.0s" in rows["stage 0"] and "18.00s" in rows["stage 0"] and "45%" in rows["stage 0"]
+    assert rows["full series"].split()[2:4] == ["1", "64"]
+    assert "(no trace)" in rows["stage 5"]
