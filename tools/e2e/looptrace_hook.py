@@ -15,6 +15,7 @@ records at its trigger), CPU is the calling thread's.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -34,6 +35,7 @@ TARGETS = {
 
 
 def _timed(fn: Callable[..., Any], kind: str, fd: int, pid: int) -> Callable[..., Any]:
+    @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         t0, c0 = time.monotonic(), time.thread_time()
         result = fn(*args, **kwargs)
@@ -44,7 +46,6 @@ def _timed(fn: Callable[..., Any], kind: str, fd: int, pid: int) -> Callable[...
             os.write(fd, f"{kind} {t0:.4f} {t1:.4f} {c0:.4f} {c1:.4f}{extra}\n".encode())
         return result
 
-    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -54,6 +55,10 @@ class _Loader(importlib.abc.Loader):
         self.name = name
         self.fd = fd
         self.pid = pid
+
+    def __getattr__(self, name: str) -> Any:
+        # get_source, get_code, is_package...: the module's loader is this one now (tracebacks ask it).
+        return getattr(self.inner, name)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self.inner.create_module(spec)

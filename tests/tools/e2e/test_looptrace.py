@@ -43,6 +43,10 @@ site.addsitedir(sys.argv[2])
 sys.path.insert(0, sys.argv[3])
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
 from airflow.executors.base_executor import BaseExecutor
+import airflow.jobs.scheduler_job_runner as module
+# Wrapped or not, the method keeps its name and the module its source (tracebacks read it).
+assert SchedulerJobRunner._do_scheduling.__name__ == "_do_scheduling"
+assert "class SchedulerJobRunner" in module.__loader__.get_source(module.__name__)
 runner, executor = SchedulerJobRunner(), BaseExecutor()
 for n in (0, 3):
     runner.n = n
