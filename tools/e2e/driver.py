@@ -1019,6 +1019,7 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
     stages = list(dict.fromkeys(rep["stage"] for rep in reports))
     for name in opts.scenarios:
         rows: list[throughput.StageRow] = []
+        traced: list[tuple[str, list[tuple[looptrace.LoopTrace, float | None]]]] = []
         for stage in stages:
             runs = [
                 next((s for s in rep["scenarios"] if s["name"] == name), None)
@@ -1040,6 +1041,19 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                     runs_ok=len(ok),
                 )
             )
+            traced.append(
+                (
+                    stage_label(stage),
+                    [
+                        (
+                            looptrace.LoopTrace(**sc["extra"]["loops"]),
+                            sc["extra"].get("cpu_s", {}).get("scheduler"),
+                        )
+                        for sc in ok
+                        if sc["extra"].get("loops")
+                    ],
+                )
+            )
         if any(
             sc["extra"].get("throughput") for rep in reports for sc in rep["scenarios"] if sc["name"] == name
         ):
@@ -1050,22 +1064,6 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                 + (f"; medians of {n} rounds" if n > 1 else "")
             )
             out[name] = throughput.compare(rows, title)
-        traced = [
-            (
-                stage_label(stage),
-                [
-                    (
-                        looptrace.LoopTrace(**sc["extra"]["loops"]),
-                        sc["extra"].get("cpu_s", {}).get("scheduler"),
-                    )
-                    for rep in reports
-                    if rep["stage"] == stage
-                    for sc in rep["scenarios"]
-                    if sc["name"] == name and sc["passed"] and sc["extra"].get("loops")
-                ],
-            )
-            for stage in stages
-        ]
         if any(runs for _, runs in traced):
             out[f"{name} loops"] = looptrace.compare(traced, f"{name}: the scheduler's loops (--trace-loops)")
     return out

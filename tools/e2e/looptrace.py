@@ -101,6 +101,10 @@ def summarise(path: Path, start: float, end: float) -> LoopTrace | None:
     )
 
 
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
 def compare(stages: Sequence[tuple[str, Sequence[tuple[LoopTrace, float | None]]]], title: str) -> str:
     """One row per stage, medians over its traced runs (each with the scheduler process's CPU)."""
     lines = [
@@ -114,17 +118,14 @@ def compare(stages: Sequence[tuple[str, Sequence[tuple[LoopTrace, float | None]]
             continue
         traces = [t for t, _ in runs]
         cpus = [c for _, c in runs if c is not None]
-
-        def med(values: Sequence[float]) -> float:
-            return statistics.median(values) if values else float("nan")
-
-        busy = med([t.busy_loops for t in traces])
-        per = med([t.queued / t.busy_loops for t in traces if t.busy_loops])
-        share = med([t.heartbeat_s / t.window_s for t in traces if t.window_s > 0])
+        busy = _median([t.busy_loops for t in traces])
+        per = _median([t.queued / t.busy_loops for t in traces if t.busy_loops])
+        share = _median([t.heartbeat_s / t.window_s for t in traces if t.window_s > 0])
         lines.append(
-            f"{label:<14}{len(traces):>5}{med([t.loops for t in traces]):>7.0f}{busy:>6.0f}{per:>9.1f}"
-            f"{med(cpus):>9.1f}s{med([t.scheduling_cpu_s for t in traces]):>13.2f}s"
-            f"{med([t.heartbeat_s for t in traces]):>9.2f}s{med([t.heartbeat_max_s for t in traces]):>8.2f}s"
+            f"{label:<14}{len(traces):>5}{_median([t.loops for t in traces]):>7.0f}{busy:>6.0f}{per:>9.1f}"
+            f"{_median(cpus):>9.1f}s{_median([t.scheduling_cpu_s for t in traces]):>13.2f}s"
+            f"{_median([t.heartbeat_s for t in traces]):>9.2f}s"
+            f"{_median([t.heartbeat_max_s for t in traces]):>8.2f}s"
             f"{share:>8.0%}"
         )
     return "\n".join(lines)
