@@ -448,11 +448,7 @@ active proctype Executor() {
     :: timeout -> break  /* nothing can move any more: the scheduler stops the executor */
     od;
 sigterm:
-    /* end(): "while self._pending: self._read_results(timeout=0.1); self._check_workers()" */
-    do  /* @wait executor: end() "while self._pending": a result or a dead worker */
-    :: pqn == 0 -> break
-    :: pqn > 0 && SYNC_READY -> check_workers()  /* @op executor: end() "while self._pending:" */
-    od;
+    /* end() starts nothing more: "self._stop_handoff()" first, what is pending is given back below */
     /* "self._stop_handoff()": "self._handoff_stop.set()"; "self._wake_handoff()"; "thread.join(timeout=1.0)" */
     hstop = true; woken = true;
     hdone;  /* @wait executor: end() _stop_handoff "thread.join(timeout=1.0)" */
@@ -469,7 +465,8 @@ sigterm:
     :: SLOTS_USED > 0 && SOMEREADY -> atomic { collect_all(); apply_arrived(); reap_dead() }  /* @op executor: end() "while self.workers:" */
     od;
     /* finally, "with self._lock, self._held_off:": "self._undo_dispatches([w for w, _ in unsent], [q for _, q in unsent])":
-       a workload put back in the deque when its worker died unstarted, after the handoff thread stopped */
+       every workload no worker took: pending when end() began, or put back in the deque when its worker
+       died unstarted after the handoff thread stopped */
     atomic {
         for (i : 0 .. K - 1) {
             if

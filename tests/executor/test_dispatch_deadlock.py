@@ -102,8 +102,9 @@ def sigterm_during_dispatch(count: int) -> dict:
             time.sleep(0.005)
     except SystemExit:
         interrupted = True
-    still_queued = {keys[k] for k in keys if k in queued(executor)}
     executor.end()
+    # After end(): from patch 11 on, it queues again what no worker took.
+    still_queued = {keys[k] for k in keys if k in queued(executor)}
     reported = {label(key) for key in executor.event_buffer}
     return {
         "interrupted": interrupted,

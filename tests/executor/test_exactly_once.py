@@ -346,6 +346,8 @@ def end_during_a_long_write() -> dict:
     threading.Timer(1.5, os.kill, (pid, signal.SIGCONT)).start()
     big = make_workload("big", pad=256 * 1024)
     dispatch(executor, [big])
+    # Once the thread has taken it (one still waiting when end() begins is queued again, never sent).
+    wait_until(lambda: not executor._pending, timeout=10)
     executor.end()
     return {
         "states": {label(k): str(s) for k, (s, _) in executor.event_buffer.items() if str(s) != "running"}
@@ -358,3 +360,44 @@ def test_end_right_after_a_dispatch_runs_a_workload_larger_than_the_pipe():
     # workload, and the worker read the two frames torn into each other.
     outcome = run_scenario(end_during_a_long_write, deadline=60)
     assert outcome == {"states": {"big": "success"}}
+
+
+# --------------------------------------------------------------------------------------
+# end() while a workload waits for a worker.
+# --------------------------------------------------------------------------------------
+
+
+def end_while_a_workload_waits() -> dict:
+    import threading
+
+    executor = new_executor(1)
+    started_dir = tempfile.mkdtemp()
+    gate = Path(tempfile.mkdtemp(), "go")
+    running = make_workload("running", fake={"started_dir": started_dir, "wait_for": str(gate)})
+    waiting = make_workload("waiting", fake={"started_dir": started_dir})
+    dispatch(executor, [running, waiting])  # the second one waits in the prefetch room
+    wait_until(lambda: _starts(started_dir).get("running"), timeout=30)
+    # The running task ends while end() waits for it, and its worker is free for the waiting one.
+    threading.Timer(0.5, gate.touch).start()
+    executor.end()
+    return {
+        "starts": _starts(started_dir),
+        "states": {label(k): str(s) for k, (s, _) in executor.event_buffer.items() if str(s) != "running"},
+        "queued_again": sorted(label(k) for k in queued(executor)),
+        "running": sorted(label(k) for k in executor.running),
+    }
+
+
+@pytest.mark.fixed_by(EXACTLY_ONCE_PATCH)
+def test_end_starts_no_workload_that_waits_for_a_worker(start_method):
+    # Before, end() handed the workloads waiting in the executor (patch 10's prefetch room, as many as
+    # parallelism) to workers as running tasks finished, and waited for those too: a scheduler told to
+    # stop started new tasks, and its shutdown took up to twice as long. Now they are queued again, as
+    # before their dispatch, and the next scheduler runs their task instances.
+    outcome = run_scenario(end_while_a_workload_waits, start_method=start_method, deadline=90)
+    assert outcome == {
+        "starts": {"running": 1},
+        "states": {"running": "success"},
+        "queued_again": ["waiting"],
+        "running": [],
+    }

@@ -33,7 +33,14 @@ END_PATCH = "0001-drain-result-queue-to-prevent-process-join-deadlock.patch"
 def end_with_unread_results(parallelism: int, count: int, result_bytes: int) -> dict:
     """Shut down while workers still have more result bytes to write than the result pipe holds."""
     executor = new_executor(parallelism)
-    dispatch(executor, [make_workload(f"big_{i}", fake={"fail_bytes": result_bytes}) for i in range(count)])
+    started_dir = tempfile.mkdtemp()
+    items = [
+        make_workload(f"big_{i}", fake={"fail_bytes": result_bytes, "started_dir": started_dir})
+        for i in range(count)
+    ]
+    dispatch(executor, items)
+    # Once every worker has its workload: end() starts none that is still waiting (patch 11).
+    wait_until(lambda: len(os.listdir(started_dir)) == count, timeout=30)
     started = time.monotonic()
     executor.end()
     return {"states": terminal_states(executor), "seconds": time.monotonic() - started}
@@ -41,16 +48,16 @@ def end_with_unread_results(parallelism: int, count: int, result_bytes: int) -> 
 
 @pytest.mark.fixed_by(END_PATCH)
 def test_end_reads_results_while_joining_workers(start_method):
-    # 8 failures carrying 128 KiB each: 1 MiB of results against a 64 KiB pipe.
+    # 2 failures carrying 512 KiB each: 1 MiB of results against a 64 KiB pipe.
     outcome = run_scenario(
         end_with_unread_results,
         start_method=start_method,
         deadline=60,
         parallelism=2,
-        count=8,
-        result_bytes=128 * 1024,
+        count=2,
+        result_bytes=512 * 1024,
     )
-    assert outcome["states"] == {f"big_{i}": "failed" for i in range(8)}
+    assert outcome["states"] == {f"big_{i}": "failed" for i in range(2)}
 
 
 def terminate_busy_workers() -> dict:

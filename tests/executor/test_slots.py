@@ -41,7 +41,7 @@ SLOT_PATCH = "0002-hold-a-parallelism-slot-per-dispatched-workload.patch"
 
 def slots_while_running(parallelism: int) -> dict:
     executor = new_executor(parallelism)
-    # What an idle executor offers: parallelism, plus the small prefetch room from patch 0010 on.
+    # What an idle executor offers: parallelism, plus the prefetch room from patch 0010 on.
     at_rest = executor.slots_available
     gate = Path(tempfile.mkdtemp(), "go")
     items = [make_workload(f"held_{i}", fake={"wait_for": str(gate)}) for i in range(parallelism)]
