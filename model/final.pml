@@ -18,7 +18,8 @@
  * workload while the thread runs. SIGTERM (up to TERMS times) is handled only in the scheduler's
  * thread and only between its blocks (a held-off one is re-raised right after its block), at any
  * point of its loop, whatever the handoff thread is doing, even part way through a write; then the
- * scheduler calls end(). The prefetch (how many workloads the scheduler hands over) is not modelled:
+ * scheduler calls end(). The prefetch (how many workloads the scheduler hands over, and when patch 12
+ * closes the room to them) is not modelled:
  * all K are handed over in one _process_workloads batch.
  *
  * Patch 11's start acknowledgement: a worker writes a STARTED frame (ACKF units) as soon as it has

@@ -55,9 +55,11 @@ slot freed by a result nobody has read would wait up to that sleep and one more 
 
 - ``slots_available`` and ``slots_occupied`` first apply every result already waiting in the pipes
   (read without blocking) and reap dead workers: a slot freed by now counts in this decision;
-- the executor accepts ``_prefetch`` workloads beyond ``parallelism`` (``prefetch_fraction`` of it).
-  They wait in the executor's deque, never in a pipe, and a handoff thread of the executor's process
-  sends one to a worker the moment that worker's terminal result is read, while the scheduler sleeps.
+- the executor accepts ``_prefetch`` workloads beyond ``parallelism`` (``prefetch_fraction`` of it)
+  while its tasks are short (``prefetch_max_task_seconds``: none should wait long enough for the
+  scheduler's stuck-in-queued check). They wait in the executor's deque, never in a pipe, and a
+  handoff thread of the executor's process sends one to a worker the moment that worker's terminal
+  result is read, while the scheduler sleeps.
   Workers still take one workload at a time, so at most ``parallelism`` tasks run. The thread only
   reads results into ``_arrived`` (marking a worker idle when its terminal result comes) and writes
   workloads to idle live workers, under ``_lock``; everything that changes what the scheduler sees
@@ -97,6 +99,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 import structlog
 
+from airflow.configuration import conf
 from airflow.executors import workloads
 from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
 from airflow.executors.workloads.types import state_class_for_key
@@ -469,6 +472,15 @@ class LocalExecutor(BaseExecutor):
     #: unpatched time through a real scheduler on 3.1-3.3; 1.00-1.03x with all of it).
     prefetch_fraction: float = 1.0
 
+    #: A workload in the prefetch room waits for a busy worker to finish, and the scheduler revokes a task
+    #: queued longer than ``[scheduler] task_queued_timeout`` (failing it the third time). So the room takes
+    #: workloads only while tasks here are short: none once one of the last ``parallelism`` tasks to end
+    #: ran this many seconds (at most a quarter of that timeout), and no more than there are workers not
+    #: running a task that started that long ago. A workload taken before a long task showed itself waits
+    #: for a worker to end; if the scheduler revokes it meanwhile, the room is closed by then (those tasks
+    #: have run long), so when queued again it waits as ``scheduled``, not here.
+    prefetch_max_task_seconds: float = 30.0
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # The key of the one workload each busy worker was sent and has not finished, by worker pid,
@@ -499,6 +511,11 @@ class LocalExecutor(BaseExecutor):
             tuple[int, WorkloadKey, WorkloadState | None, object, ExecutorWorkload | None, bool]
         ] = deque()
         self._prefetch = 0  # none until started: an executor that runs nothing accepts nothing extra
+        # When each busy worker was sent its workload (monotonic), and how long the last ``parallelism``
+        # workloads to end took from that to their terminal result: what opens the prefetch room.
+        self._sent_at: dict[int, float] = {}
+        self._run_times: deque[float] = deque(maxlen=1)
+        self._queued_timeout = 600.0
         self._handoff: threading.Thread | None = None
         self._handoff_stop = threading.Event()
         self._wakeup_r: Connection | None = None
@@ -534,6 +551,9 @@ class LocalExecutor(BaseExecutor):
         self._unstarted.clear()
         self._redispatched.clear()
         self._dispatch_counts.clear()
+        self._sent_at.clear()
+        self._run_times = deque(maxlen=max(1, self.parallelism))
+        self._queued_timeout = conf.getfloat("scheduler", "task_queued_timeout", fallback=600.0)
 
         if self.is_mp_using_fork:
             # This creates the maximum number of worker processes (parallelism) at once
@@ -547,17 +567,27 @@ class LocalExecutor(BaseExecutor):
     def slots_available(self):
         """Free slots, counting every result that has arrived by now (read without blocking)."""
         self._refresh()
-        return self.parallelism + self._prefetch - super().slots_occupied
+        return self.parallelism + self._room() - super().slots_occupied
 
     @property
     def slots_occupied(self):
         """Occupied slots as the scheduler caps them against ``parallelism``: the prefetch room is not."""
         self._refresh()
-        return max(0, super().slots_occupied - self._prefetch)
+        return max(0, super().slots_occupied - self._room())
 
     def trigger_tasks(self, open_slots: int) -> None:
         # heartbeat() counts open slots as parallelism - running; queued workloads may use the prefetch room.
-        super().trigger_tasks(open_slots + self._prefetch)
+        super().trigger_tasks(open_slots + self._room())
+
+    def _room(self) -> int:
+        """How many workloads the executor accepts beyond ``parallelism`` now (prefetch_max_task_seconds)."""
+        with self._lock:
+            limit = min(self.prefetch_max_task_seconds, self._queued_timeout / 4)
+            if not self._prefetch or any(seconds >= limit for seconds in self._run_times):
+                return 0
+            now = time.monotonic()
+            long = sum(1 for pid in self._worker_tasks if now - self._sent_at.get(pid, now - limit) >= limit)
+            return max(0, min(self._prefetch, self.parallelism - long))
 
     def _refresh(self) -> None:
         """Apply the results waiting in the pipes and reap dead workers, so a freed slot counts now."""
@@ -660,6 +690,8 @@ class LocalExecutor(BaseExecutor):
                     self._unstarted.pop(pid, None)
                     del self._worker_tasks[pid]
                     self._holding.pop(pid, None)
+                    if (sent := self._sent_at.pop(pid, None)) is not None:
+                        self._run_times.append(time.monotonic() - sent)
                 self._arrived.append((pid, key, cast("WorkloadState | None", state), exc, dispatch, released))
 
     def _apply_arrived(self) -> None:
@@ -830,6 +862,7 @@ class LocalExecutor(BaseExecutor):
         output.conn.close()
         self._inputs.pop(pid).close()
         del self.workers[pid]
+        self._sent_at.pop(pid, None)
         proc.join()
         proc.close()
         self._fail_lost_workload(pid)
@@ -887,6 +920,7 @@ class LocalExecutor(BaseExecutor):
             workload, taken_from = self._pending.popleft()
             self._worker_tasks[pid] = workload.key
             self._holding[pid] = workload
+            self._sent_at[pid] = time.monotonic()
             if isinstance(workload, workloads.ExecuteTask):
                 # Only a task's start is acknowledged by a fork (what else runs may run in the worker).
                 self._unstarted[pid] = (workload, taken_from)
