@@ -57,6 +57,15 @@ throughput
     queue gets deeper than 30 s, and a requeue would change what is measured; with SQLite a
     connection waits up to 60 s for the database lock (5 s otherwise). Not in the default set:
     ask for it with ``--scenario throughput``, e.g. ``--tasks 200 --parallelism 16``.
+queued-timeout
+    Its own DAG, ``tests/e2e/dags/lepatch_e2e_long.py``: twice ``--parallelism`` tasks of 80 s
+    (``retries=0``) with ``[scheduler] task_queued_timeout`` 15 s, checked every 5 s. What is
+    queued behind the first wave waits a whole task for a worker, so the scheduler's
+    stuck-in-queued check revokes it and sets it back to scheduled; the third time it fails it. The
+    run passes when it succeeds, every task on its first try; the scheduler log's requeues and
+    failures by that check are reported. The series before patch 12 queues the revoked task into
+    its prefetch room again at once, and fails. Not in the default set (about three minutes):
+    ask for it with ``--scenario queued-timeout --parallelism 2``.
 
 In every scenario each component's database pool holds parallelism + 8 connections: with
 Airflow's 5 (+ 10 overflow), 16 supervisors starting at once exhaust the api-server's, which
@@ -112,6 +121,7 @@ SCENARIOS = (
     "sigterm-running",
     "kill-orphan",
     "throughput",
+    "queued-timeout",
 )
 # What runs when no --scenario is given: every scenario but kill-orphan and throughput (see above).
 DEFAULT_SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader", "sigterm-running")
@@ -133,6 +143,15 @@ TP_DEADLINE_PER_TASK = 1.0
 TP_POLL_INTERVAL = 2.0
 TP_QUEUED_TIMEOUT = 600.0  # [scheduler] task_queued_timeout for throughput (30 s otherwise)
 TP_SQLITE_BUSY_TIMEOUT = 60.0  # SQLite lock wait for throughput (the driver's default is 5 s)
+# queued-timeout: 2 x parallelism tasks of QT_TASK_SECONDS, outlasting three rounds of the
+# stuck-in-queued check (QT_QUEUED_TIMEOUT, checked every QT_CHECK_INTERVAL): the third fails a task.
+QT_TASKS_ENV = "LEPATCH_E2E_LONG_TASKS"
+QT_TASK_SECONDS = 80.0
+QT_QUEUED_TIMEOUT = 15.0
+QT_CHECK_INTERVAL = 5.0
+# The scheduler's log lines for a stuck-in-queued requeue and for the failure that ends them.
+QT_REQUEUED = "Task stuck in queued; will try to requeue"
+QT_FAILED = "Task requeue attempts exceeded max; marking failed"
 # Each component's database pool holds this many connections beyond parallelism. With Airflow's
 # 5 + 10, 16 task supervisors starting at once (each PATCH .../run holds one) plus the driver's
 # polling waited 30 s for a connection in the api-server; the timed-out starts failed their tasks
@@ -153,6 +172,8 @@ MAIN_DAG = DagSpec(DAG_FILE, DAG_ID, N_TASKS)
 ORPHAN_DAG = DagSpec(DAGS_DIR / "lepatch_e2e_orphan.py", "lepatch_e2e_orphan", 1)
 THROUGHPUT_DAG_FILE = DAGS_DIR / "lepatch_e2e_throughput.py"
 THROUGHPUT_DAG_ID = "lepatch_e2e_throughput"
+LONG_DAG_FILE = DAGS_DIR / "lepatch_e2e_long.py"
+LONG_DAG_ID = "lepatch_e2e_long"
 DEFAULT_TP_TASKS = 200
 
 
@@ -168,6 +189,8 @@ def dag_for(name: str, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> D
         return ORPHAN_DAG
     if name == "throughput":
         return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, tasks)
+    if name == "queued-timeout":
+        return DagSpec(LONG_DAG_FILE, LONG_DAG_ID, 2 * parallelism)
     if name == "kill-queued" and parallelism >= MAIN_DAG.n_tasks:
         return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, 4 * parallelism)
     return MAIN_DAG
@@ -175,9 +198,12 @@ def dag_for(name: str, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> D
 
 def scenario_deadline(name: str, deadline: float, tasks: int = DEFAULT_TP_TASKS) -> float:
     """The deadline a scenario runs with: --deadline, raised to ORPHAN_DEADLINE for kill-orphan
-    and to TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks for throughput."""
+    and to TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks for throughput; queued-timeout gets
+    its two waves of tasks and one more."""
     if name == "kill-orphan":
         return max(deadline, ORPHAN_DEADLINE)
+    if name == "queued-timeout":
+        return max(deadline, 3 * QT_TASK_SECONDS)
     if name == "throughput":
         return max(deadline, TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks)
     return deadline
@@ -602,6 +628,15 @@ def sigterm_running(run: Run) -> None:
     run.event(f"scheduler started again, pid {proc.pid}")
 
 
+def stuck_in_queued(scheduler_log: Path) -> tuple[int, int]:
+    """How many times the scheduler's stuck-in-queued check requeued a task, and failed one."""
+    try:
+        text = scheduler_log.read_text(errors="replace")
+    except OSError:
+        return 0, 0
+    return text.count(QT_REQUEUED), text.count(QT_FAILED)
+
+
 def _cpu_by_component(stack: AirflowStack) -> dict[str, float]:
     """CPU seconds each component has used so far: the scheduler's own process (its threads, the
     executor's included) apart from its workers and their task processes."""
@@ -667,6 +702,9 @@ class ScenarioRunner:
         )
         if dag.file == THROUGHPUT_DAG_FILE:
             extra_env[TP_TASKS_ENV] = str(dag.n_tasks)
+        if name == "queued-timeout":
+            extra_env[QT_TASKS_ENV] = str(dag.n_tasks)
+            extra_env["AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL"] = f"{QT_CHECK_INTERVAL:g}"
         if self.opts.min_heartbeat_interval is not None:
             extra_env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = str(self.opts.min_heartbeat_interval)
         trace = home / looptrace.TRACE_FILE if self.opts.trace_loops else None
@@ -678,7 +716,7 @@ class ScenarioRunner:
             dag_file=dag.file,
             db_url=self.pg.new_database() if self.pg else None,
             parallelism=self.opts.parallelism,
-            task_seconds=self.opts.task_seconds,
+            task_seconds=QT_TASK_SECONDS if name == "queued-timeout" else self.opts.task_seconds,
             extra_env=extra_env,
             db_pool_size=self.opts.parallelism + POOL_HEADROOM,
         )
@@ -687,6 +725,8 @@ class ScenarioRunner:
             cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
             # 16 workers' task processes and a loaded machine: 5 s of SQLite lock wait is not enough.
             cfg.sqlite_busy_timeout = TP_SQLITE_BUSY_TIMEOUT
+        if name == "queued-timeout":
+            cfg.task_queued_timeout = QT_QUEUED_TIMEOUT
         stack = AirflowStack(cfg, self.say)
         api = RestApi(stack.api)
         run = Run(name, stack, api, self.opts, self.say, dag=dag, deadline=deadline, marks=marks)
@@ -786,6 +826,10 @@ class ScenarioRunner:
                     run.extra["loops"] = loops.as_json()
                     run.event(loops.text())
             stop_info = stack.stop()
+            if name == "queued-timeout":
+                requeued, failed = stuck_in_queued(home / "logs" / "scheduler.log")
+                run.extra["stuck_in_queued"] = {"requeued": requeued, "failed": failed}
+                run.event(f"stuck in queued (scheduler log): {requeued} requeued, {failed} failed")
             if stop_info.get("leftover_pids_killed"):
                 self.say(f"  killed leftover processes: {stop_info['leftover_pids_killed']['pids']}")
         if throughput_tis:

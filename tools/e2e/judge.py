@@ -70,12 +70,13 @@ def judge(
             "tasks not successful: "
             + ", ".join(_describe_task(ts, killed) for ts in sorted(others_bad, key=lambda t: t.task_id))
         )
-    if scenario in ("clean", "throughput"):
+    if scenario in ("clean", "throughput", "queued-timeout"):
         again = sorted(ts.task_id for ts in tasks.values() if ts.try_number > 1)
         if again:
             failures.append(f"tasks retried in a clean run: {', '.join(again)}")
     if (
-        scenario in ("clean", "kill-idle-reader", "sigterm-running", "kill-orphan", "throughput")
+        scenario
+        in ("clean", "kill-idle-reader", "sigterm-running", "kill-orphan", "throughput", "queued-timeout")
         and watch.final
         and watch.run_state != "success"
     ):

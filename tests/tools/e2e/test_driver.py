@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 from tools.e2e import driver
 
@@ -29,3 +30,28 @@ def test_urgent_raises_the_calling_thread_only_and_restores_it() -> None:
         assert seen["inside"] == -20
     else:  # not allowed to raise it: left as it was, and no error
         assert seen["inside"] == seen["before"]
+
+
+def test_queued_timeout_runs_two_waves_of_long_tasks() -> None:
+    spec = driver.dag_for("queued-timeout", parallelism=2)
+    assert spec.file.is_file() and spec.file.name == "lepatch_e2e_long.py"
+    assert (spec.dag_id, spec.n_tasks) == ("lepatch_e2e_long", 4)
+    text = spec.file.read_text()
+    assert f'DAG_ID = "{spec.dag_id}"' in text and driver.QT_TASKS_ENV in text
+    assert "queued-timeout" in driver.SCENARIOS and "queued-timeout" not in driver.DEFAULT_SCENARIOS
+    assert driver.scenario_deadline("queued-timeout", 120.0) == 3 * driver.QT_TASK_SECONDS
+    # Three rounds of the stuck-in-queued check fit in one task: the third fails a task.
+    assert 3 * (driver.QT_QUEUED_TIMEOUT + driver.QT_CHECK_INTERVAL) < driver.QT_TASK_SECONDS
+
+
+def test_stuck_in_queued_counts_the_schedulers_requeues_and_failures(tmp_path: Path) -> None:
+    log = tmp_path / "scheduler.log"
+    ti = "<TaskInstance: lepatch_e2e_long.long_02 e2e [queued]>"
+    log.write_text(
+        f"[info] {driver.QT_REQUEUED}. task_instance={ti}\n"
+        f"[info] {driver.QT_REQUEUED}. task_instance={ti}\n"
+        f"[info] {driver.QT_FAILED}. task_instance={ti}\n"
+        "[info] Executor reports execution of lepatch_e2e_long.long_00 exited with status success\n"
+    )
+    assert driver.stuck_in_queued(log) == (2, 1)
+    assert driver.stuck_in_queued(tmp_path / "missing.log") == (0, 0)

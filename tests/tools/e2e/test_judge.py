@@ -99,3 +99,10 @@ def test_sigterm_running_task_cut_short_or_run_again_fails_naming_it() -> None:
         "tasks running at the SIGTERM did not finish on their first try: "
         "t1 success try 2, no pid, t2 failed try 1, no pid",
     ]
+
+
+def test_queued_timeout_with_a_task_failed_by_the_stuck_in_queued_check_fails() -> None:
+    tasks = _tasks(4, t3=("failed", 1))
+    out = judge.judge("queued-timeout", _result(True, "failed"), 240, tasks, {}, None, n_tasks=4)
+    assert out == ["tasks not successful: t3 failed try 1, no pid", "run ended failed, expected success"]
+    assert judge.judge("queued-timeout", _result(True, "success"), 240, _tasks(4), {}, None, n_tasks=4) == []
