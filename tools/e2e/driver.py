@@ -123,7 +123,7 @@ SCENARIOS = (
     "throughput",
     "queued-timeout",
 )
-# What runs when no --scenario is given: every scenario but kill-orphan and throughput (see above).
+# What runs when no --scenario is given: all but kill-orphan, throughput and queued-timeout (see above).
 DEFAULT_SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader", "sigterm-running")
 # sigterm-running: how many tasks must be running (at most parallelism) when the scheduler is signalled.
 SIGTERM_RUNNING_TASKS = 4
