@@ -716,7 +716,7 @@ class ScenarioRunner:
             dag_file=dag.file,
             db_url=self.pg.new_database() if self.pg else None,
             parallelism=self.opts.parallelism,
-            task_seconds=QT_TASK_SECONDS if name == "queued-timeout" else self.opts.task_seconds,
+            task_seconds=self.opts.task_seconds,
             extra_env=extra_env,
             db_pool_size=self.opts.parallelism + POOL_HEADROOM,
         )
@@ -726,6 +726,7 @@ class ScenarioRunner:
             # 16 workers' task processes and a loaded machine: 5 s of SQLite lock wait is not enough.
             cfg.sqlite_busy_timeout = TP_SQLITE_BUSY_TIMEOUT
         if name == "queued-timeout":
+            cfg.task_seconds = QT_TASK_SECONDS
             cfg.task_queued_timeout = QT_QUEUED_TIMEOUT
         stack = AirflowStack(cfg, self.say)
         api = RestApi(stack.api)
