@@ -1,5 +1,5 @@
 /*
- * The final stage (patches 8 to 11): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
+ * The final stage (patches 8 to 13): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
  * model/overlay.sha256 (review this model whenever that file changes, then `python -m tools model
  * --rehash`).
  *
@@ -18,8 +18,8 @@
  * workload while the thread runs. SIGTERM (up to TERMS times) is handled only in the scheduler's
  * thread and only between its blocks (a held-off one is re-raised right after its block), at any
  * point of its loop, whatever the handoff thread is doing, even part way through a write; then the
- * scheduler calls end(). The prefetch (how many workloads the scheduler hands over, and when patch 12
- * closes the room to them) is not modelled:
+ * scheduler calls end(). The prefetch (how many workloads the scheduler hands over, when patch 12
+ * closes the room to them, and its size from [local_executor] config, patch 13) is not modelled:
  * all K are handed over in one _process_workloads batch.
  *
  * Patch 11's start acknowledgement: a worker writes a STARTED frame (ACKF units) as soon as it has

@@ -99,6 +99,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             "how many, how many queued something, their CPU and the time the executor's heartbeat took"
         ),
     )
+    p.add_argument(
+        "--airflow-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=(
+            "an environment variable for every stage's stack, last (repeatable), e.g. "
+            "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION=0; a stage whose executor does not read it "
+            "(the unpatched base) runs as without it"
+        ),
+    )
     p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
 
 
@@ -135,7 +146,21 @@ def options_from(args: argparse.Namespace) -> Options:
         rounds=args.rounds,
         min_heartbeat_interval=args.min_heartbeat_interval,
         trace_loops=args.trace_loops,
+        airflow_env=parse_env(args.airflow_env),
     )
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` pairs, later ones winning; one-line error for anything else."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise ToolError(
+                f"--airflow-env wants NAME=VALUE with NAME an environment variable name, not {item!r}"
+            )
+        env[name] = value
+    return env
 
 
 def parse_stages(text: str) -> list[int | None]:

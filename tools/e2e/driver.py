@@ -209,6 +209,27 @@ def scenario_deadline(name: str, deadline: float, tasks: int = DEFAULT_TP_TASKS)
     return deadline
 
 
+def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str, str]:
+    """The environment a scenario's stack gets on top of the stack's own: what the scenario needs,
+    then ``--min-heartbeat-interval`` and ``--trace-loops``, then ``--airflow-env`` (the operator's
+    word is last)."""
+    env: dict[str, str] = {}
+    if name == "kill-orphan":
+        env[MARKS_ENV] = str(home / "orphan-marks.txt")
+        env["LEPATCH_E2E_ORPHAN_SECONDS"] = str(ORPHAN_SECONDS)
+    if dag.file == THROUGHPUT_DAG_FILE:
+        env[TP_TASKS_ENV] = str(dag.n_tasks)
+    if name == "queued-timeout":
+        env[QT_TASKS_ENV] = str(dag.n_tasks)
+        env["AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL"] = f"{QT_CHECK_INTERVAL:g}"
+    if opts.min_heartbeat_interval is not None:
+        env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = str(opts.min_heartbeat_interval)
+    if opts.trace_loops:
+        env[looptrace.ENV] = str(home / looptrace.TRACE_FILE)
+    env.update(opts.airflow_env)
+    return env
+
+
 def stage_label(stage: int | None) -> str:
     """How a stage is named in the comparison table: "stage 0", "stage 9", "full series"."""
     return "full series" if stage is None else f"stage {stage}"
@@ -233,6 +254,7 @@ class Options:
     rounds: int = 1  # --rounds: the --compare-stages cycle, run this many times (interleaved)
     min_heartbeat_interval: int | None = None  # [workers] min_heartbeat_interval; None: Airflow's
     trace_loops: bool = False  # --trace-loops: record the scheduler's loops (tools/e2e/looptrace.py)
+    airflow_env: dict[str, str] = field(default_factory=dict)  # --airflow-env: for every stage's stack
 
 
 @dataclass
@@ -697,19 +719,8 @@ class ScenarioRunner:
         dag = dag_for(name, self.opts.tasks, self.opts.parallelism)
         deadline = scenario_deadline(name, self.opts.deadline, self.opts.tasks)
         marks = home / "orphan-marks.txt" if name == "kill-orphan" else None
-        extra_env = (
-            {MARKS_ENV: str(marks), "LEPATCH_E2E_ORPHAN_SECONDS": str(ORPHAN_SECONDS)} if marks else {}
-        )
-        if dag.file == THROUGHPUT_DAG_FILE:
-            extra_env[TP_TASKS_ENV] = str(dag.n_tasks)
-        if name == "queued-timeout":
-            extra_env[QT_TASKS_ENV] = str(dag.n_tasks)
-            extra_env["AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL"] = f"{QT_CHECK_INTERVAL:g}"
-        if self.opts.min_heartbeat_interval is not None:
-            extra_env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = str(self.opts.min_heartbeat_interval)
+        extra_env = scenario_env(self.opts, name, dag, home)
         trace = home / looptrace.TRACE_FILE if self.opts.trace_loops else None
-        if trace is not None:
-            extra_env[looptrace.ENV] = str(trace)
         cfg = StackConfig(
             venv=self.venv_path,
             home=home,
@@ -993,6 +1004,7 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
         combined = {
             "compare_stages": [stage_label(s) for s in stages],
             "rounds": opts.rounds,
+            "airflow_env": opts.airflow_env,
             "started": stamp,
             "session_s": round(time.monotonic() - t_session, 1),
             "passed": passed,
@@ -1024,6 +1036,7 @@ def _stage_session(
     say(
         f"e2e {opts.line.name} (apache-airflow {opts.line.version}): executor = {source.label}, "
         f"sha256 {source.sha256[:12]}, installed via {how}; db {opts.db}; parallelism {opts.parallelism}"
+        + "".join(f"; {name}={value}" for name, value in opts.airflow_env.items())
     )
     t_session = time.monotonic()
     runner = ScenarioRunner(opts, venv.path, workdir, pg, say)
@@ -1045,6 +1058,7 @@ def _stage_session(
         "stop_bound_s": opts.stop_bound,
         "task_seconds": opts.task_seconds,
         "min_heartbeat_interval": opts.min_heartbeat_interval,
+        "airflow_env": opts.airflow_env,
         "started": stamp,
         "session_s": round(time.monotonic() - t_session, 1),
         "passed": all(r.passed for r in results),

@@ -53,3 +53,20 @@ def test_bad_options_are_one_line_errors() -> None:
 def test_trace_loops_is_off_unless_asked_for() -> None:
     assert not _parse().trace_loops
     assert _parse("--trace-loops", "--scenario", "throughput").trace_loops
+
+
+def test_airflow_env_pairs_later_ones_winning() -> None:
+    assert _parse().airflow_env == {}
+    o = _parse(
+        "--airflow-env",
+        "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION=0",
+        "--airflow-env",
+        "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION=0.5",
+        "--airflow-env",
+        "EMPTY=",
+    )
+    assert o.airflow_env == {"AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION": "0.5", "EMPTY": ""}
+    with pytest.raises(ToolError, match=r"--airflow-env wants NAME=VALUE .* not 'PREFETCH'"):
+        _parse("--airflow-env", "PREFETCH")
+    with pytest.raises(ToolError, match=r"not '=1'"):
+        _parse("--airflow-env", "=1")

@@ -6,6 +6,7 @@ import os
 import threading
 from pathlib import Path
 
+from tools import pins
 from tools.e2e import driver
 
 
@@ -55,3 +56,34 @@ def test_stuck_in_queued_counts_the_schedulers_requeues_and_failures(tmp_path: P
     )
     assert driver.stuck_in_queued(log) == (2, 1)
     assert driver.stuck_in_queued(tmp_path / "missing.log") == (0, 0)
+
+
+def test_scenario_env_puts_the_operators_airflow_env_last(tmp_path: Path) -> None:
+    opts = driver.Options(
+        line=pins.get_line("3.3"),
+        stage=None,
+        db="sqlite",
+        parallelism=2,
+        scenarios=["queued-timeout"],
+        deadline=120.0,
+        stop_bound=30.0,
+        task_seconds=2.0,
+        out=tmp_path,
+        min_heartbeat_interval=1,
+        airflow_env={
+            "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION": "0",
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "3",
+        },
+    )
+    env = driver.scenario_env(
+        opts, "queued-timeout", driver.dag_for("queued-timeout", parallelism=2), tmp_path
+    )
+    assert env == {
+        driver.QT_TASKS_ENV: "4",
+        "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": f"{driver.QT_CHECK_INTERVAL:g}",
+        "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "3",
+        "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION": "0",
+    }
+    throughput = driver.scenario_env(opts, "throughput", driver.dag_for("throughput", tasks=30), tmp_path)
+    assert throughput[driver.TP_TASKS_ENV] == "30"
+    assert driver.QT_TASKS_ENV not in throughput

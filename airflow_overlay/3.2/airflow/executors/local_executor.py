@@ -55,11 +55,12 @@ slot freed by a result nobody has read would wait up to that sleep and one more 
 
 - ``slots_available`` and ``slots_occupied`` first apply every result already waiting in the pipes
   (read without blocking) and reap dead workers: a slot freed by now counts in this decision;
-- the executor accepts ``_prefetch`` workloads beyond ``parallelism`` (``prefetch_fraction`` of it)
-  while its tasks are short (``prefetch_max_task_seconds``: none should wait long enough for the
-  scheduler's stuck-in-queued check). They wait in the executor's deque, never in a pipe, and a
-  handoff thread of the executor's process sends one to a worker the moment that worker's terminal
-  result is read, while the scheduler sleeps.
+- the executor accepts ``_prefetch`` workloads beyond ``parallelism`` (``[local_executor]
+  prefetch_fraction`` of it; 0 accepts none) while its tasks are short (``[local_executor]
+  prefetch_max_task_seconds``: none should wait long enough for the scheduler's stuck-in-queued
+  check). They wait in the executor's deque, never in a pipe, and a handoff thread of the executor's
+  process sends one to a worker the moment that worker's terminal result is read, while the scheduler
+  sleeps.
   Workers still take one workload at a time, so at most ``parallelism`` tasks run. The thread only
   reads results into ``_arrived`` (marking a worker idle when its terminal result comes) and writes
   workloads to idle live workers, under ``_lock``; everything that changes what the scheduler sees
@@ -100,6 +101,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 import structlog
 
 from airflow.configuration import conf
+from airflow.exceptions import AirflowConfigException
 from airflow.executors import workloads
 from airflow.executors.base_executor import BaseExecutor
 from airflow.executors.workloads.callback import execute_callback_workload
@@ -545,6 +547,8 @@ class LocalExecutor(BaseExecutor):
     #: All of it, because tasks started together tend to end together: with half, the other half of a
     #: finished wave waited a scheduler loop (30 short tasks at parallelism 8 took 1.08-1.10x the
     #: unpatched time through a real scheduler on 3.1-3.3; 1.00-1.03x with all of it).
+    #: ``[local_executor] prefetch_fraction`` overrides it when set; 0 there turns the prefetch off (a
+    #: slot per dispatch and no more, as upstream).
     prefetch_fraction: float = 1.0
 
     #: A workload in the prefetch room waits for a busy worker to finish, and the scheduler revokes a task
@@ -554,6 +558,7 @@ class LocalExecutor(BaseExecutor):
     #: running a task that started that long ago. A workload taken before a long task showed itself waits
     #: for a worker to end; if the scheduler revokes it meanwhile, the room is closed by then (those tasks
     #: have run long), so when queued again it waits as ``scheduled``, not here.
+    #: ``[local_executor] prefetch_max_task_seconds`` overrides it when set (0 turns the prefetch off too).
     prefetch_max_task_seconds: float = 30.0
 
     def __init__(self, *args, **kwargs):
@@ -590,7 +595,7 @@ class LocalExecutor(BaseExecutor):
         # workloads to end took from that to their terminal result: what opens the prefetch room.
         self._sent_at: dict[int, float] = {}
         self._run_times: deque[float] = deque(maxlen=1)
-        self._queued_timeout = 600.0
+        self._long_task_seconds = 0.0  # what counts as long here, decided at start()
         self._handoff: threading.Thread | None = None
         self._handoff_stop = threading.Event()
         self._wakeup_r: Connection | None = None
@@ -624,15 +629,33 @@ class LocalExecutor(BaseExecutor):
         self._dispatch_counts.clear()
         self._sent_at.clear()
         self._run_times = deque(maxlen=max(1, self.parallelism))
-        self._queued_timeout = conf.getfloat("scheduler", "task_queued_timeout", fallback=600.0)
+        # Read before anything starts: a value that is not a number stops the executor here, with nothing
+        # to clean up.
+        fraction = self._config_number("prefetch_fraction", self.prefetch_fraction)
+        max_task_seconds = self._config_number("prefetch_max_task_seconds", self.prefetch_max_task_seconds)
+        queued_timeout = conf.getfloat("scheduler", "task_queued_timeout", fallback=600.0)
+        self._long_task_seconds = min(max_task_seconds, queued_timeout / 4)
 
         if self.is_mp_using_fork:
             # This creates the maximum number of worker processes (parallelism) at once
             # to minimize gc freeze/unfreeze cycles when using fork in multiprocessing
             self._spawn_workers_with_gc_freeze(self.parallelism)
 
-        self._prefetch = max(1, round(self.parallelism * self.prefetch_fraction))
+        self._prefetch = max(1, round(self.parallelism * fraction)) if fraction else 0
         self._start_handoff()
+
+    def _config_number(self, option: str, default: float) -> float:
+        """A ``[local_executor]`` option that must be a finite number >= 0; ``default`` when it is not set."""
+        raw = self.conf.get("local_executor", option, fallback=None)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value < float("inf"):
+            raise AirflowConfigException(f"[local_executor] {option} must be a number >= 0, not {raw!r}")
+        return value
 
     @property
     def slots_available(self):
@@ -653,8 +676,8 @@ class LocalExecutor(BaseExecutor):
     def _room(self) -> int:
         """How many workloads the executor accepts beyond ``parallelism`` now (prefetch_max_task_seconds)."""
         with self._lock:
-            limit = min(self.prefetch_max_task_seconds, self._queued_timeout / 4)
-            if not self._prefetch or any(seconds >= limit for seconds in self._run_times):
+            limit = self._long_task_seconds
+            if not self._prefetch or not limit or any(seconds >= limit for seconds in self._run_times):
                 return 0
             now = time.monotonic()
             long = sum(1 for pid in self._worker_tasks if now - self._sent_at.get(pid, now - limit) >= limit)
@@ -1236,7 +1259,10 @@ class LocalExecutor(BaseExecutor):
                 self._newest[key] = workload
                 self._pending.append((workload, taken_from))
         self._check_workers()
-        if len(self._pending) > self._prefetch:
+        with self._lock:
+            # Those handed to idle workers leave the deque as soon as the handoff thread writes them.
+            waiting = len(self._pending) - (len(self.workers) - len(self._worker_tasks))
+        if waiting > self._prefetch:
             self.log.warning(
                 "%d dispatched workloads wait for a free worker: every one of %d workers is busy",
                 len(self._pending),
