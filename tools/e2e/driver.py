@@ -134,6 +134,7 @@ ORPHAN_SECONDS = 40
 ORPHAN_MARKS_BEFORE_KILL = 2
 ORPHAN_DEADLINE = 150.0
 MARKS_ENV = "LEPATCH_E2E_MARKS"
+ORPHAN_MARKS_FILE = "orphan-marks.txt"  # in the scenario's home
 # throughput: the DAG's task count comes from TP_TASKS_ENV; the run gets at least
 # TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks seconds. The watcher polls less often there
 # (TP_POLL_INTERVAL), so that its 200-row API reads take less CPU from the stack it measures.
@@ -215,7 +216,7 @@ def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str
     word is last)."""
     env: dict[str, str] = {}
     if name == "kill-orphan":
-        env[MARKS_ENV] = str(home / "orphan-marks.txt")
+        env[MARKS_ENV] = str(home / ORPHAN_MARKS_FILE)
         env["LEPATCH_E2E_ORPHAN_SECONDS"] = str(ORPHAN_SECONDS)
     if dag.file == THROUGHPUT_DAG_FILE:
         env[TP_TASKS_ENV] = str(dag.n_tasks)
@@ -718,7 +719,7 @@ class ScenarioRunner:
         home = self.workdir / name
         dag = dag_for(name, self.opts.tasks, self.opts.parallelism)
         deadline = scenario_deadline(name, self.opts.deadline, self.opts.tasks)
-        marks = home / "orphan-marks.txt" if name == "kill-orphan" else None
+        marks = home / ORPHAN_MARKS_FILE if name == "kill-orphan" else None
         extra_env = scenario_env(self.opts, name, dag, home)
         trace = home / looptrace.TRACE_FILE if self.opts.trace_loops else None
         cfg = StackConfig(
