@@ -221,13 +221,17 @@ def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_options(argv: list[str] | None = None) -> Options:
+    """The session's options from a command line, as ``python -m tools.e2e`` reads it."""
     parser = argparse.ArgumentParser(prog="python -m tools.e2e", description=DESCRIPTION)
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    return options_from(parser.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
-        return run_session(options_from(args))
+        return run_session(parse_options(argv))
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

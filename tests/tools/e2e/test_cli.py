@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from tools.e2e import cli
@@ -12,9 +10,7 @@ from tools.errors import ToolError
 
 
 def _parse(*argv: str) -> Options:
-    p = argparse.ArgumentParser()
-    cli.add_arguments(p)
-    return cli.options_from(p.parse_args(list(argv)))
+    return cli.parse_options(list(argv))
 
 
 def test_defaults_are_the_full_series_on_the_primary_line() -> None:

@@ -6,8 +6,7 @@ import os
 import threading
 from pathlib import Path
 
-from tools import pins
-from tools.e2e import driver
+from tools.e2e import cli, driver
 
 
 def test_urgent_raises_the_calling_thread_only_and_restores_it() -> None:
@@ -59,21 +58,19 @@ def test_stuck_in_queued_counts_the_schedulers_requeues_and_failures(tmp_path: P
 
 
 def test_scenario_env_puts_the_operators_airflow_env_last(tmp_path: Path) -> None:
-    opts = driver.Options(
-        line=pins.get_line("3.3"),
-        stage=None,
-        db="sqlite",
-        parallelism=2,
-        scenarios=["queued-timeout"],
-        deadline=120.0,
-        stop_bound=30.0,
-        task_seconds=2.0,
-        out=tmp_path,
-        min_heartbeat_interval=1,
-        airflow_env={
-            "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION": "0",
-            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "3",
-        },
+    opts = cli.parse_options(
+        [
+            "--scenario",
+            "queued-timeout",
+            "--parallelism",
+            "2",
+            "--min-heartbeat-interval",
+            "1",
+            "--airflow-env",
+            "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION=0",
+            "--airflow-env",
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=3",
+        ]
     )
     env = driver.scenario_env(
         opts, "queued-timeout", driver.dag_for("queued-timeout", parallelism=2), tmp_path

@@ -3,7 +3,6 @@ its options, its DAG and deadline, and the API's paging."""
 
 from __future__ import annotations
 
-import argparse
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -243,9 +242,7 @@ def test_judge_throughput_wants_success_on_first_tries() -> None:
 
 
 def _parse(*argv: str) -> driver.Options:
-    p = argparse.ArgumentParser()
-    cli.add_arguments(p)
-    return cli.options_from(p.parse_args(list(argv)))
+    return cli.parse_options(list(argv))
 
 
 def test_cli_tasks_and_compare_stages() -> None:
