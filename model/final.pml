@@ -1,5 +1,5 @@
 /*
- * The final stage (patches 8 to 13): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
+ * The final stage (patches 8 to 15): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
  * model/overlay.sha256 (review this model whenever that file changes, then `python -m tools model
  * --rehash`).
  *

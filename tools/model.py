@@ -2,7 +2,7 @@
 
 The models (``model/*.pml``, Promela) are of the protocol between the LocalExecutor and its workers:
 
-- ``final.pml``: the overlay (patches 8 to 13): a pipe pair per worker, a workload only to an idle
+- ``final.pml``: the overlay (patches 8 to 15): a pipe pair per worker, a workload only to an idle
   worker, results read without blocking, death by waitpid and ``_reap_worker``; the handoff thread as
   the only writer of workloads, the scheduler's thread changing state only in blocks that hold SIGTERM
   off, SIGTERM between any two of them (then ``end()``), and the start acknowledgement: a workload

@@ -34,6 +34,7 @@ import pytest
 from harness import key_of, make_workload, new_executor, queued, run_scenario, wait_until
 
 CONFIG_PATCH = "0013-read-the-prefetch-room-from-local-executor-config.patch"
+ABOVE_ONE_PATCH = "0014-let-a-prefetch-fraction-above-one-count.patch"
 
 FRACTION = "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION"
 MAX_TASK_SECONDS = "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_MAX_TASK_SECONDS"
@@ -121,6 +122,35 @@ def room_closing_after_max_task_seconds() -> dict:
 def test_prefetch_max_task_seconds_from_config_closes_the_room(start_method):
     outcome = run_scenario(room_closing_after_max_task_seconds, start_method=start_method, deadline=60)
     assert outcome == {"room while young": 1, "closed": True}
+
+
+def room_above_parallelism() -> dict:
+    os.environ[FRACTION] = "2"
+    os.environ[MAX_TASK_SECONDS] = "1"
+    executor = new_executor(2)
+    at_rest = int(executor.slots_available)
+    started_dir = tempfile.mkdtemp()
+    gate = Path(tempfile.mkdtemp(), "go")
+    long = make_workload("long", fake={"started_dir": started_dir, "wait_for": str(gate)})
+    key_of(long)
+    executor.queue_workload(long, session=None)
+    executor._process_workloads([long])
+    young = int(executor.slots_available)
+    wait_until(lambda: os.listdir(started_dir), timeout=30)
+    # 1 s after it was sent the task counts as long: its worker's share of the room goes, the other's stays.
+    wait_until(lambda: executor.slots_available < young, timeout=4)
+    with_long = int(executor.slots_available)
+    gate.touch()
+    executor.end()
+    return {"at rest": at_rest, "one young task": young, "one long task": with_long}
+
+
+@pytest.mark.fixed_by(ABOVE_ONE_PATCH)
+def test_prefetch_fraction_above_one_gives_each_worker_more_than_one(start_method):
+    outcome = run_scenario(room_above_parallelism, start_method=start_method, deadline=60)
+    # Parallelism 2 and a fraction of 2: a room of 4, two per worker; one worker held by a long task
+    # leaves the other's two.
+    assert outcome == {"at rest": 6, "one young task": 5, "one long task": 3}
 
 
 def start_with_bad_values() -> dict:

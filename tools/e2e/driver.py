@@ -310,7 +310,8 @@ class Run:
         self.extra: Json = {}
 
     def t(self) -> float:
-        return self.watcher.now()
+        """Seconds since the trigger; 0 before it (a stack that failed to start still logs its events)."""
+        return self.watcher.now() if self.watcher.t0 is not None else 0.0
 
     def event(self, text: str, t: float | None = None) -> None:
         t = self.t() if t is None else t
@@ -849,7 +850,10 @@ class ScenarioRunner:
             # After the stop: a worker's supervisor logs "Workload finished" only once it returns,
             # which for a stalled one is seconds after the run ended.
             fig = throughput.figures(
-                throughput_tis, throughput_run, scheduler_log=home / "logs" / "scheduler.log"
+                throughput_tis,
+                throughput_run,
+                scheduler_log=home / "logs" / "scheduler.log",
+                min_heartbeat_interval=self.opts.min_heartbeat_interval,
             )
             run.extra["throughput"] = fig.as_json()
             run.extra["throughput_summary"] = fig.text()

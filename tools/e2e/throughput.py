@@ -19,13 +19,15 @@ scheduled-to-start p50 / p95
 run wall
     the dag run's ``start_date -> end_date``, for reference (it adds up to one scheduler loop).
 stalls
-    task instances whose worker was still busy ``STALL_S`` or more after the task ended: the
-    supervisor's ``Workload finished ... duration=`` (the scheduler's log) against the task
-    instance's ``end_date - start_date``. task-sdk's supervisor polls for its task process's exit
-    after the last socket closes and, when the process is not reaped yet, sleeps in ``select`` for
-    ``[workers] min_heartbeat_interval`` (5 s) with nothing left to wake it. The executor cannot
-    give that worker anything meanwhile, whatever its stage: a run with many stalls is slower for
-    a reason outside the executor, so read the walls with this column.
+    task instances whose worker was still busy ``STALL_FRACTION`` of ``[workers]
+    min_heartbeat_interval`` or more after the task ended: the supervisor's ``Workload finished``
+    (3.3 on) or ``Task finished`` (3.1, 3.2) line with its ``duration=`` (the scheduler's log)
+    against the task instance's ``end_date - start_date``. task-sdk's supervisor polls for its task
+    process's exit after the last socket closes and, when the process is not reaped yet (it is
+    still closing the descriptors it inherited), sleeps in ``select`` on no descriptor at all for
+    that interval (5 s by default). The executor cannot give that worker anything meanwhile,
+    whatever its stage: a run with many stalls is slower for a reason outside the executor, so read
+    the walls with this column.
 
 The table's ``q>s`` columns are queued-to-start, ``s>s`` scheduled-to-start.
 ``median_of`` folds several rounds of one stage into one row (field-wise medians).
@@ -48,10 +50,15 @@ from typing import Any
 MIN_THROUGHPUT_RATIO = 0.97
 MAX_WALL_RATIO = 1.05
 LARGE_RUN = 100  # from this many tasks on, the throughput and p95 targets apply
-# A worker busy this much longer than its task ran is in the supervisor's exit-poll sleep (5 s by
-# default); what the supervisor does around a task otherwise takes well under a second.
-STALL_S = 3.0
-_FINISHED = re.compile(r"Workload finished.*?duration=([0-9.]+).*?workload_id=([0-9a-f-]+)")
+# A worker busy this share of min_heartbeat_interval longer than its task ran is in the supervisor's
+# exit-poll sleep; what the supervisor does around a task otherwise takes a tenth of a second or so.
+STALL_FRACTION = 0.6
+DEFAULT_MIN_HEARTBEAT_INTERVAL = 5.0  # Airflow's [workers] min_heartbeat_interval
+# task-sdk 1.1 and 1.2 (Airflow 3.1, 3.2) say "Task finished ... task_instance_id=", 1.3 on
+# "Workload finished ... workload_id=".
+_FINISHED = re.compile(
+    r"(?:Task|Workload) finished.*?duration=([0-9.]+).*?(?:task_instance_id|workload_id)=([0-9a-f-]+)"
+)
 
 
 def parse_ts(ts: str | None) -> datetime | None:
@@ -105,8 +112,12 @@ def _f(v: float | None, unit: str, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}{unit}"
 
 
-def stalls(tis: Iterable[dict[str, Any]], scheduler_log: Path) -> int | None:
-    """How many task instances kept their worker ``STALL_S`` or more past their end (None: no log)."""
+def stalls(
+    tis: Iterable[dict[str, Any]], scheduler_log: Path, min_heartbeat_interval: float | None = None
+) -> int | None:
+    """How many task instances kept their worker in the supervisor's exit-poll sleep (None: no log)."""
+    interval = DEFAULT_MIN_HEARTBEAT_INTERVAL if min_heartbeat_interval is None else min_heartbeat_interval
+    threshold = STALL_FRACTION * interval
     try:
         text = scheduler_log.read_text(errors="replace")
     except OSError:
@@ -119,13 +130,16 @@ def stalls(tis: Iterable[dict[str, Any]], scheduler_log: Path) -> int | None:
     count = 0
     for match in _FINISHED.finditer(text):
         took, ti_id = float(match.group(1)), match.group(2)
-        if ti_id in ran and took - ran[ti_id] >= STALL_S:
+        if ti_id in ran and took - ran[ti_id] >= threshold:
             count += 1
     return count
 
 
 def figures(
-    tis: Iterable[dict[str, Any]], run: dict[str, Any] | None = None, scheduler_log: Path | None = None
+    tis: Iterable[dict[str, Any]],
+    run: dict[str, Any] | None = None,
+    scheduler_log: Path | None = None,
+    min_heartbeat_interval: float | None = None,
 ) -> Figures:
     """The figures of one run from the API's task-instance records (and the run record)."""
     tis = list(tis)
@@ -153,7 +167,7 @@ def figures(
         run_wall_s=(run_end - run_start).total_seconds() if run_start and run_end else None,
         s2s_p50_s=percentile(whole, 50),
         s2s_p95_s=percentile(whole, 95),
-        stalls=None if scheduler_log is None else stalls(tis, scheduler_log),
+        stalls=None if scheduler_log is None else stalls(tis, scheduler_log, min_heartbeat_interval),
     )
 
 

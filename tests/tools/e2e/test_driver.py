@@ -84,3 +84,15 @@ def test_scenario_env_puts_the_operators_airflow_env_last(tmp_path: Path) -> Non
     throughput = driver.scenario_env(opts, "throughput", driver.dag_for("throughput", tasks=30), tmp_path)
     assert throughput[driver.TP_TASKS_ENV] == "30"
     assert driver.QT_TASKS_ENV not in throughput
+
+
+def test_events_before_the_trigger_are_logged_at_zero() -> None:
+    # A stack that fails to start ends the scenario before the trigger started the run's clock;
+    # what the scenario logs then (its components' CPU) must not hide that failure behind an assert.
+    said: list[str] = []
+    opts = cli.parse_options(["--line", "3.3"])
+    run = driver.Run("throughput", None, None, opts, said.append)  # type: ignore[arg-type]
+    run.event("cpu: scheduler 0.0 s")
+    assert run.events == [(0.0, "cpu: scheduler 0.0 s")]
+    run.watcher.start_clock(run.watcher.clock() - 2.0)
+    assert 2.0 <= run.t() < 10.0

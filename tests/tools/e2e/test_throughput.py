@@ -102,6 +102,25 @@ def test_stalls_count_workers_busy_seconds_past_their_task(tmp_path: Path) -> No
     assert throughput.figures(tis, None).stalls is None
 
 
+def test_stalls_follow_min_heartbeat_interval_and_the_older_wording(tmp_path: Path) -> None:
+    # 3.1 and 3.2 log "Task finished ... task_instance_id="; with min_heartbeat_interval 1 the sleep
+    # is 1 s: tasks of 0.1 s whose supervisors took 1.2 s and 0.3 s.
+    tis = [dict(_ti(i, 1.0, 2.0, 2.1), id=f"0000-{i}") for i in range(2)]
+    log = tmp_path / "scheduler.log"
+    log.write_text(
+        "".join(
+            f"2026-12-02T08:35:2{i}.351418Z [info     ] Task finished                  [supervisor] "
+            f"duration={took} exit_code=0 final_state=success loc=supervisor.py:1995 "
+            f"task_instance_id=0000-{i}\n"
+            for i, took in enumerate((1.2, 0.3))
+        )
+    )
+    assert throughput.stalls(tis, log, min_heartbeat_interval=1) == 1
+    assert throughput.stalls(tis, log) == 0  # at the default 5 s, 1.1 s past the end is no stall
+    f = throughput.figures(tis, None, scheduler_log=log, min_heartbeat_interval=1)
+    assert f.stalls == 1
+
+
 # -- the comparison -----------------------------------------------------------------------------
 
 
