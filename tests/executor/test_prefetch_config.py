@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import key_of, make_workload, new_executor, queued, run_scenario, wait_until
+from harness import dispatch, key_of, make_workload, new_executor, queued, run_scenario, wait_until
 
 CONFIG_PATCH = "0013-read-the-prefetch-room-from-local-executor-config.patch"
 ABOVE_ONE_PATCH = "0014-let-a-prefetch-fraction-above-one-count.patch"
@@ -100,15 +100,18 @@ def test_prefetch_fraction_from_config_sizes_the_room(start_method):
     }
 
 
+def _send_long_task(executor) -> tuple[str, Path]:
+    """Dispatch a task that runs until its gate file exists; its started-marker directory and gate."""
+    started_dir = tempfile.mkdtemp()
+    gate = Path(tempfile.mkdtemp(), "go")
+    dispatch(executor, [make_workload("long", fake={"started_dir": started_dir, "wait_for": str(gate)})])
+    return started_dir, gate
+
+
 def room_closing_after_max_task_seconds() -> dict:
     os.environ[MAX_TASK_SECONDS] = "1"
     executor = new_executor(1)
-    started_dir = tempfile.mkdtemp()
-    gate = Path(tempfile.mkdtemp(), "go")
-    long = make_workload("long", fake={"started_dir": started_dir, "wait_for": str(gate)})
-    key_of(long)
-    executor.queue_workload(long, session=None)
-    executor._process_workloads([long])
+    started_dir, gate = _send_long_task(executor)
     room_while_young = executor.slots_available
     wait_until(lambda: os.listdir(started_dir), timeout=30)
     # 1 s after it was sent, the task counts as long: nothing is taken to wait behind it.
@@ -129,12 +132,7 @@ def room_above_parallelism() -> dict:
     os.environ[MAX_TASK_SECONDS] = "1"
     executor = new_executor(2)
     at_rest = int(executor.slots_available)
-    started_dir = tempfile.mkdtemp()
-    gate = Path(tempfile.mkdtemp(), "go")
-    long = make_workload("long", fake={"started_dir": started_dir, "wait_for": str(gate)})
-    key_of(long)
-    executor.queue_workload(long, session=None)
-    executor._process_workloads([long])
+    started_dir, gate = _send_long_task(executor)
     young = int(executor.slots_available)
     wait_until(lambda: os.listdir(started_dir), timeout=30)
     # 1 s after it was sent the task counts as long: its worker's share of the room goes, the other's stays.

@@ -81,20 +81,32 @@ def test_figures_of_an_unfinished_or_empty_run() -> None:
     assert empty.text().startswith("0/0 tasks in - (- tasks/s)")
 
 
+def _supervisor_log(
+    tmp_path: Path, word: str, id_field: str, durations: tuple[float, ...], tail: str = ""
+) -> Path:
+    """A scheduler log with the supervisor's "<word> finished" line for task instances 0000-0, 0000-1, ..."""
+    log = tmp_path / "scheduler.log"
+    log.write_text(
+        "".join(
+            f"2026-12-01T12:00:0{i}Z [info     ] {word} finished              [supervisor] "
+            f"duration={took} exit_code=0 final_state=success loc=supervisor.py:2658 "
+            f"{id_field}=0000-{i}{tail}\n"
+            for i, took in enumerate(durations)
+        )
+    )
+    return log
+
+
 def test_stalls_count_workers_busy_seconds_past_their_task(tmp_path: Path) -> None:
     # Three tasks ran 0.5 s each; the supervisor of the second returned 5.3 s after it started
     # (the exit-poll sleep), the others 0.2 s after their task ended.
     tis = [dict(_ti(i, 1.0, 2.0, 2.5), id=f"0000-{i}") for i in range(3)]
-    log = tmp_path / "scheduler.log"
-    log.write_text(
-        "".join(
-            f"2026-12-01T12:00:0{i}Z [info     ] Workload finished              [supervisor] "
-            f"duration={took} exit_code=0 final_state=success loc=supervisor.py:2658 "
-            f"workload_id=0000-{i} workload_type=ExecuteTask\n"
-            for i, took in enumerate((0.7, 5.3, 0.7))
+    log = _supervisor_log(tmp_path, "Workload", "workload_id", (0.7, 5.3, 0.7), " workload_type=ExecuteTask")
+    with log.open("a") as out:
+        out.write(
+            "2026-12-01T12:00:09Z [info     ] Workload finished [supervisor] duration=9.0 "
+            "workload_id=ffff-9\n"
         )
-        + "2026-12-01T12:00:09Z [info     ] Workload finished [supervisor] duration=9.0 workload_id=ffff-9\n"
-    )
     assert throughput.stalls(tis, log) == 1  # an id the run does not have is not counted
     f = throughput.figures(tis, None, scheduler_log=log)
     assert f.stalls == 1 and f.text().endswith("supervisor stalls 1")
@@ -106,15 +118,7 @@ def test_stalls_follow_min_heartbeat_interval_and_the_older_wording(tmp_path: Pa
     # 3.1 and 3.2 log "Task finished ... task_instance_id="; with min_heartbeat_interval 1 the sleep
     # is 1 s: tasks of 0.1 s whose supervisors took 1.2 s and 0.3 s.
     tis = [dict(_ti(i, 1.0, 2.0, 2.1), id=f"0000-{i}") for i in range(2)]
-    log = tmp_path / "scheduler.log"
-    log.write_text(
-        "".join(
-            f"2026-12-02T08:35:2{i}.351418Z [info     ] Task finished                  [supervisor] "
-            f"duration={took} exit_code=0 final_state=success loc=supervisor.py:1995 "
-            f"task_instance_id=0000-{i}\n"
-            for i, took in enumerate((1.2, 0.3))
-        )
-    )
+    log = _supervisor_log(tmp_path, "Task", "task_instance_id", (1.2, 0.3))
     assert throughput.stalls(tis, log, min_heartbeat_interval=1) == 1
     assert throughput.stalls(tis, log) == 0  # at the default 5 s, 1.1 s past the end is no stall
     f = throughput.figures(tis, None, scheduler_log=log, min_heartbeat_interval=1)
