@@ -33,14 +33,10 @@ END_PATCH = "0001-drain-result-queue-to-prevent-process-join-deadlock.patch"
 def end_with_unread_results(parallelism: int, count: int, result_bytes: int) -> dict:
     """Shut down while workers still have more result bytes to write than the result pipe holds."""
     executor = new_executor(parallelism)
-    started_dir = tempfile.mkdtemp()
-    items = [
-        make_workload(f"big_{i}", fake={"fail_bytes": result_bytes, "started_dir": started_dir})
-        for i in range(count)
-    ]
-    dispatch(executor, items)
-    # Once every worker has its workload: end() starts none that is still waiting (patch 11).
-    wait_until(lambda: len(os.listdir(started_dir)) == count, timeout=30)
+    dispatch(executor, [make_workload(f"big_{i}", fake={"fail_bytes": result_bytes}) for i in range(count)])
+    # end() starts no workload that still waits for a worker (patch 11): wait until each is sent to
+    # one. Before patch 7 nothing waits in the executor (the workloads are in the shared queue).
+    assert wait_until(lambda: not getattr(executor, "_pending", ()))
     started = time.monotonic()
     executor.end()
     return {"states": terminal_states(executor), "seconds": time.monotonic() - started}
