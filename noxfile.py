@@ -50,15 +50,19 @@ def apply(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 @nox.parametrize("line", [*LINES, "tools"])
 def tests(session: nox.Session, line: str) -> None:
-    """tests/executor against a line's overlay in its pinned venv, or tests/tools (line='tools')."""
+    """Run the executor and supervisor tests on a line's overlay (its pinned venv), or the tools' tests."""
     record: list[str] = []
     try:
         if line == "tools":
             python, paths = venvs.ensure_tools(), ["tests/tools"]
         else:
-            python, paths = venvs.ensure(line), ["tests/executor"]
-            overlay = (ROOT / "airflow_overlay" / line / pins.PACKAGE_PATH).read_bytes()
-            venvs.install_executor(python, overlay)
+            python, paths = venvs.ensure(line), [f.tests_dir for f in pins.UPSTREAM_FILES]
+            overlay = {
+                f.package_path: (ROOT / "airflow_overlay" / line / f.package_path).read_bytes()
+                for f in pins.UPSTREAM_FILES
+                if (ROOT / "airflow_overlay" / line / f.package_path).exists()
+            }
+            venvs.install_sources(python, overlay)
             # why: verify's final stage is this very code; it reuses what passed here.
             record = ["-p", "tools.fixed_by_plugin"]
             record_to = final_record.prepare(line, overlay)

@@ -115,9 +115,24 @@ class LineResult:
             raise ToolError(f"stage {k} of {self.line.name} has no {pins.REPO_PATH} (deleted by a patch?)")
         return tree[pins.REPO_PATH]
 
+    def sources(self, k: int | None = None) -> dict[str, bytes]:
+        """Every upstream file of stage ``k`` at its installed path (what a venv gets for that stage)."""
+        tree = self.stage(k)
+        return {f.package_path: tree[f.repo_path] for f in pins.UPSTREAM_FILES if f.repo_path in tree}
+
     def tests(self, k: int | None = None) -> Tree:
         prefix = REPO_TESTS_DIR + "/"
         return {p[len(prefix) :]: data for p, data in self.stage(k).items() if p.startswith(prefix)}
+
+    def derived_tests(self, k: int | None = None) -> Tree:
+        """The series' tests of every upstream file, at their paths in this repository."""
+        out: Tree = {}
+        for f in pins.UPSTREAM_FILES:
+            prefix = f.repo_tests_dir + "/"
+            for p, data in self.stage(k).items():
+                if p.startswith(prefix):
+                    out[f"{f.tests_dir}/{p[len(prefix) :]}"] = data
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -127,6 +142,9 @@ class LineResult:
             "stages": len(self.stages),
             "patches": [p.to_json() for p in self.patches],
             "final_sha256": fetch.sha256_bytes(self.code()) if self.stages else None,
+            "final_sources_sha256": (
+                {p: fetch.sha256_bytes(d) for p, d in self.sources().items()} if self.stages else None
+            ),
         }
 
 
@@ -202,7 +220,13 @@ class Engine:
     ):
         self.layout = layout
         self.lines = tuple(lines)
-        self._base = base or (lambda line: fetch.read_base(line, layout))
+        # Every upstream file a line pins, at its repository path; ``base`` (the tests' synthetic
+        # lines) gives the executor alone.
+        self._bases: Callable[[Line], Tree] = (
+            (lambda line: {pins.REPO_PATH: base(line)})
+            if base is not None
+            else (lambda line: fetch.read_bases(line, layout))
+        )
         self._series: Series | None = None
         self._results: dict[str, LineResult] = {}
 
@@ -243,7 +267,7 @@ class Engine:
 
     def _apply_in(self, repo: Path, line: Line, primary: LineResult | None) -> LineResult:
         git("init", "-q", str(repo), isolated=True)
-        base_tree = {pins.REPO_PATH: self._base(line)}
+        base_tree = self._bases(line)
         _write_tree(base_tree, repo)
         git("add", "-A", cwd=repo, isolated=True)
         self._commit(repo, f"base: {pins.DISTRIBUTION} {line.version}")
@@ -410,16 +434,16 @@ class Engine:
         """Relative path -> content of every derived file the given results determine."""
         files: dict[str, bytes] = {}
         for name, res in results.items():
-            files[f"airflow_overlay/{name}/{OVERLAY_PATH}"] = res.code()
-        primary = self.apply_line(self.primary)
-        for rel, data in primary.tests().items():
-            files[f"tests/executor/{rel}"] = data
+            res.code()  # why: a stage without the executor is an error, not an overlay without it
+            for path, data in res.sources().items():
+                files[f"airflow_overlay/{name}/{path}"] = data
+        files.update(self.apply_line(self.primary).derived_tests())
         return files
 
     def derived_scope(self, results: dict[str, LineResult]) -> list[Path]:
         """Directories whose every file (but caches) is derived."""
         scope = [self.layout.overlay / name / "airflow" for name in results]
-        return [*scope, self.layout.tests_executor]
+        return [*scope, *(self.layout.root / f.tests_dir for f in pins.UPSTREAM_FILES)]
 
     def _existing(self, scope: list[Path]) -> set[str]:
         found: set[str] = set()
@@ -469,17 +493,17 @@ class Engine:
 
     def test_tree_differences(self, results: dict[str, LineResult]) -> list[str]:
         """Lines whose final test tree is not the primary's (tests/executor runs on all)."""
-        ref = self.apply_line(self.primary).tests()
+        ref = self.apply_line(self.primary).derived_tests()
         problems = []
         for name, res in results.items():
             if name == self.primary.name:
                 continue
-            tests = res.tests()
+            tests = res.derived_tests()
             for rel in sorted(set(ref) | set(tests)):
                 if ref.get(rel) != tests.get(rel):
                     problems.append(
-                        f"tests differ: {REPO_TESTS_DIR}/{rel} on {name} is not the same as on "
-                        f"{self.primary.name} (tests/executor runs unchanged on every line)"
+                        f"tests differ: {rel} on {name} is not the same as on "
+                        f"{self.primary.name} (the derived tests run unchanged on every line)"
                     )
         return problems
 

@@ -1,8 +1,10 @@
-"""Pinned wheels: download once into the cache, verify sha256, read the executor's base source.
+"""Pinned wheels: download once into the cache, verify sha256, read the upstream files' bases.
 
-``ensure_wheel("3.3")`` (a line name or any pinned version) returns the cached wheel,
-downloading it with pip when missing. A wheel whose sha256 differs from ``tools/pins.py``
-is refused and removed, so the cache only ever holds verified wheels.
+``ensure_wheel("3.3")`` (a line name or any pinned version) returns the cached
+apache-airflow-core wheel, downloading it with pip when missing; ``ensure_pin(pin)`` does the
+same for any distribution a line pins (task-sdk for the supervisor). A wheel whose sha256
+differs from ``tools/pins.py`` is refused and removed, so the cache only ever holds verified
+wheels. ``read_bases(line)`` gives every pinned upstream file of a line at its repository path.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from tools import pins
 from tools.errors import ToolError
 from tools.layout import DEFAULT, Layout
-from tools.pins import Line
+from tools.pins import Line, Pin
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -44,11 +46,11 @@ def pinned_wheel(line_or_version: Line | str) -> tuple[str, str]:
     return line.version, line.wheel_sha256
 
 
-def wheel_filename(version: str) -> str:
-    return f"{pins.DISTRIBUTION.replace('-', '_')}-{version}-py3-none-any.whl"
+def wheel_filename(version: str, distribution: str = pins.DISTRIBUTION) -> str:
+    return f"{distribution.replace('-', '_')}-{version}-py3-none-any.whl"
 
 
-def pip_download(version: str, dest: Path) -> None:
+def pip_download(version: str, dest: Path, distribution: str = pins.DISTRIBUTION) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -59,7 +61,7 @@ def pip_download(version: str, dest: Path) -> None:
         "--no-build-isolation",
         "--disable-pip-version-check",
         "--quiet",
-        f"{pins.DISTRIBUTION}=={version}",
+        f"{distribution}=={version}",
         "-d",
         str(dest),
     ]
@@ -70,9 +72,9 @@ def pip_download(version: str, dest: Path) -> None:
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ToolError(
-            f"cannot download {pins.DISTRIBUTION}=={version}: pip exited {proc.returncode}: {last}\n"
+            f"cannot download {distribution}=={version}: pip exited {proc.returncode}: {last}\n"
             f"  to reproduce: {' '.join(cmd[:1])} -m pip download --no-deps --only-binary=:all: "
-            f"{pins.DISTRIBUTION}=={version} -d DIR"
+            f"{distribution}=={version} -d DIR"
         )
 
 
@@ -80,13 +82,13 @@ def pip_download(version: str, dest: Path) -> None:
 Download = Callable[[str, Path], None]
 
 
-def download_one(version: str, dest: Path, download: Download) -> Path:
+def download_one(version: str, dest: Path, download: Download, distribution: str = pins.DISTRIBUTION) -> Path:
     """Download into the empty ``dest`` and return the one wheel that arrived."""
     download(version, dest)
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
         names = ", ".join(w.name for w in wheels) or "nothing"
-        raise ToolError(f"pip download of {pins.DISTRIBUTION}=={version} produced {names}")
+        raise ToolError(f"pip download of {distribution}=={version} produced {names}")
     return wheels[0]
 
 
@@ -95,11 +97,10 @@ def unpinned_path(version: str, layout: Layout = DEFAULT) -> Path:
     return layout.cache / "unpinned" / wheel_filename(version)
 
 
-def _refuse(path: Path, version: str, expected: str, got: str) -> ToolError:
+def _refuse(path: Path, version: str, expected: str, got: str, distribution: str) -> ToolError:
     path.unlink(missing_ok=True)
     return ToolError(
-        f"refusing {pins.DISTRIBUTION} {version}: wheel sha256 is {got}, pinned {expected} "
-        "(removed from the cache)"
+        f"refusing {distribution} {version}: wheel sha256 is {got}, pinned {expected} (removed from the cache)"
     )
 
 
@@ -110,73 +111,99 @@ def ensure_wheel(line_or_version: Line | str, layout: Layout = DEFAULT) -> Path:
 
 
 def ensure_verified(
-    version: str, expected: str, layout: Layout = DEFAULT, download: Download | None = None
+    version: str,
+    expected: str,
+    layout: Layout = DEFAULT,
+    download: Download | None = None,
+    distribution: str = pins.DISTRIBUTION,
 ) -> Path:
     """The cached wheel of ``version`` whose sha256 is ``expected``, downloading it if needed."""
     cache = layout.cache
-    target = cache / wheel_filename(version)
+    target = cache / wheel_filename(version, distribution)
     if target.exists():
         got = sha256_file(target)
         if got != expected:
-            raise _refuse(target, version, expected, got)
+            raise _refuse(target, version, expected, got, distribution)
         return target
     cache.mkdir(parents=True, exist_ok=True)
     # why: a release discover downloaded before it was pinned need not be fetched again; the
     # pin is checked all the same, and a stale download is simply replaced.
-    seen = unpinned_path(version, layout)
+    seen = unpinned_path(version, layout) if distribution == pins.DISTRIBUTION else cache / "-"
     if seen.is_file():
         if sha256_file(seen) == expected:
             os.replace(seen, target)
             return target
         seen.unlink()
+    fetch_one = download or (lambda v, d: pip_download(v, d, distribution))
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-        wheel = download_one(version, Path(tmp), download or pip_download)
+        wheel = download_one(version, Path(tmp), fetch_one, distribution)
         got = sha256_file(wheel)
         if got != expected:
-            raise _refuse(wheel, version, expected, got)
+            raise _refuse(wheel, version, expected, got, distribution)
         os.replace(wheel, target)
     return target
 
 
-def read_source(wheel: Path) -> bytes:
+def ensure_pin(pin: Pin, version: str | None = None, layout: Layout = DEFAULT) -> Path:
+    """The verified wheel of a pin's base (or of a release it covers) in the cache."""
+    version = version or pin.version
+    expected = pin.wheel_sha256 if version == pin.version else pin.covers[version]
+    return ensure_verified(version, expected, layout, distribution=pin.file.distribution)
+
+
+def read_source(wheel: Path, package_path: str = pins.PACKAGE_PATH) -> bytes:
     with zipfile.ZipFile(wheel) as zf:
         try:
-            return zf.read(pins.PACKAGE_PATH)
+            return zf.read(package_path)
         except KeyError:
-            raise ToolError(f"{wheel.name} has no {pins.PACKAGE_PATH}") from None
+            raise ToolError(f"{wheel.name} has no {package_path}") from None
+
+
+def read_pinned(pin: Pin, layout: Layout = DEFAULT) -> bytes:
+    """A pin's upstream file from its base wheel, checked against the pinned sha256."""
+    data = read_source(ensure_pin(pin, layout=layout), pin.file.package_path)
+    got = sha256_bytes(data)
+    if got != pin.source_sha256:
+        raise ToolError(
+            f"{pin.file.package_path} in {pin.file.distribution} {pin.version} has sha256 {got}, "
+            f"pinned {pin.source_sha256}"
+        )
+    return data
+
+
+def read_bases(line: Line | str, layout: Layout = DEFAULT) -> dict[str, bytes]:
+    """Every upstream file a line pins, at its path in Airflow's repository."""
+    if not isinstance(line, Line):
+        line = pins.get_line(line)
+    return {pin.file.repo_path: read_pinned(pin, layout) for pin in line.pins}
 
 
 def read_base(line: Line | str, layout: Layout = DEFAULT) -> bytes:
     """``local_executor.py`` of a line's base wheel, checked against its pinned sha256."""
     if not isinstance(line, Line):
         line = pins.get_line(line)
-    data = read_source(ensure_wheel(line, layout))
-    got = sha256_bytes(data)
-    if got != line.source_sha256:
-        raise ToolError(
-            f"{pins.PACKAGE_PATH} in {pins.DISTRIBUTION} {line.version} has sha256 {got}, "
-            f"pinned {line.source_sha256}"
-        )
-    return data
+    return read_pinned(line.pins[0], layout)
 
 
 def check_pins(layout: Layout = DEFAULT, out: object = None) -> bool:
-    """Download every covered version and compare its executor source with its line's base."""
-    rows: list[tuple[str, str, str, str, str]] = []
+    """Download every covered release and compare its upstream file with its line's base."""
+    rows: list[tuple[str, str, str, str, str, str]] = []
     ok = True
     for line in pins.LINES:
-        for version in [line.version, *sorted(line.covers)]:
-            try:
-                src = read_source(ensure_wheel(version, layout))
-            except ToolError as exc:
-                rows.append((line.name, version, "REFUSED", "-", str(exc).splitlines()[0]))
-                ok = False
-                continue
-            digest = sha256_bytes(src)
-            same = digest == line.source_sha256
-            ok &= same
-            rows.append((line.name, version, "ok", digest[:16], "same" if same else "DIFFERS"))
-    header = ("line", "version", "wheel", "local_executor.py sha256", "vs base")
+        for pin in line.pins:
+            for version in [pin.version, *sorted(pin.covers)]:
+                what = f"{pin.file.distribution} {version}"
+                try:
+                    src = read_source(ensure_pin(pin, version, layout), pin.file.package_path)
+                except ToolError as exc:
+                    rows.append((line.name, what, pin.file.name, "REFUSED", "-", str(exc).splitlines()[0]))
+                    ok = False
+                    continue
+                digest = sha256_bytes(src)
+                same = digest == pin.source_sha256
+                ok &= same
+                rows.append((line.name, what, pin.file.name, "ok", digest[:16], "same" if same else "DIFFERS"))
+    header = ("line", "release", "file", "wheel", "sha256", "vs base")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

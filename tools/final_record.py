@@ -3,7 +3,7 @@
 ``nox -s tests`` runs every test of ``tests/executor`` on the final overlay of each line; the
 final stage of ``nox -s verify`` would run the ``fixed_by`` ones again on the same code. So the
 tests session records its outcomes (through ``tools.fixed_by_plugin``) next to a fingerprint of
-what it ran: the overlay's bytes and every file of ``tests/executor``. Verify takes a passing
+what it ran: the overlay's files and every derived test file. Verify takes a passing
 outcome from that record only if the fingerprint still matches the final stage it is about to
 run; anything else (another code, another test, a test that did not pass) runs again.
 
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
+from tools import pins
 from tools.layout import DEFAULT, Layout
 
 
@@ -27,17 +29,28 @@ def fingerprint_path(line: str, layout: Layout = DEFAULT) -> Path:
     return layout.build / "verify" / line / "final-from-tests.fingerprint"
 
 
-def fingerprint(source: bytes, layout: Layout = DEFAULT) -> str:
-    """sha256 of the executor's source and every file under tests/executor (by relative path)."""
-    digest = hashlib.sha256(source)
-    for path in sorted(
-        p for p in layout.tests_executor.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-    ):
-        digest.update(str(path.relative_to(layout.tests_executor)).encode() + b"\0" + path.read_bytes())
+def _test_dirs(layout: Layout) -> list[Path]:
+    return [layout.root / f.tests_dir for f in pins.UPSTREAM_FILES]
+
+
+def sources_digest(sources: Mapping[str, bytes]) -> bytes:
+    """One value for a set of installed files (path -> bytes): what a stage puts into a venv."""
+    digest = hashlib.sha256()
+    for rel in sorted(sources):
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(sources[rel]).digest())
+    return digest.digest()
+
+
+def fingerprint(sources: Mapping[str, bytes], layout: Layout = DEFAULT) -> str:
+    """sha256 of the installed upstream files and every derived test file (by relative path)."""
+    digest = hashlib.sha256(sources_digest(sources))
+    for d in _test_dirs(layout):
+        for path in sorted(p for p in d.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            digest.update(str(path.relative_to(layout.root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
-def prepare(line: str, source: bytes, layout: Layout = DEFAULT) -> Path:
+def prepare(line: str, source: Mapping[str, bytes], layout: Layout = DEFAULT) -> Path:
     """Forget any earlier record of ``line``, note what is about to run; return where to record."""
     record = record_path(line, layout)
     record.parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +59,7 @@ def prepare(line: str, source: bytes, layout: Layout = DEFAULT) -> Path:
     return record
 
 
-def passed(line: str, source: bytes, layout: Layout = DEFAULT) -> set[str]:
+def passed(line: str, source: Mapping[str, bytes], layout: Layout = DEFAULT) -> set[str]:
     """The tests that passed in the tests session on exactly ``source`` and today's tests; else none."""
     record, stamp = record_path(line, layout), fingerprint_path(line, layout)
     if not record.exists() or not stamp.exists():

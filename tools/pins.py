@@ -1,8 +1,12 @@
-"""The pinned apache-airflow-core release lines: the one place versions and hashes live.
+"""The pinned release lines: the one place versions and hashes live.
 
-Each line's ``local_executor.py`` is byte-identical across the patch releases listed in
-``covers`` (``python -m tools pins --check`` proves that by hash instead of trusting it).
-A downloaded wheel whose sha256 differs from the one recorded here is refused.
+The series patches two upstream files, each shipped by its own distribution: the executor
+(``apache-airflow-core``) and task-sdk's supervisor (``apache-airflow-task-sdk``, which every
+worker runs its task process under). A line pins one release of each. Each line's
+``local_executor.py`` is byte-identical across the patch releases listed in ``covers``, and its
+``supervisor.py`` across the task-sdk releases in ``sdk_covers`` (``python -m tools pins
+--check`` proves both by hash instead of trusting it). A downloaded wheel whose sha256 differs
+from the one recorded here is refused.
 """
 
 from __future__ import annotations
@@ -13,6 +17,57 @@ DISTRIBUTION = "apache-airflow-core"
 # Where the executor lives inside the wheel, and where it lives in Airflow's git repository.
 PACKAGE_PATH = "airflow/executors/local_executor.py"
 REPO_PATH = "airflow-core/src/airflow/executors/local_executor.py"
+
+
+@dataclass(frozen=True)
+class UpstreamFile:
+    """One upstream file the series patches: where the wheel has it, where Airflow's repo does."""
+
+    name: str  # how it is shown: "local_executor.py"
+    distribution: str
+    package_path: str  # inside the wheel and site-packages (the overlay's layout)
+    repo_path: str  # in Airflow's git repository (the patches' layout)
+    repo_tests_dir: str  # where the series puts its tests for this file, in Airflow's repository
+    tests_dir: str  # where those tests are derived to, in this repository
+
+
+EXECUTOR = UpstreamFile(
+    name="local_executor.py",
+    distribution=DISTRIBUTION,
+    package_path=PACKAGE_PATH,
+    repo_path=REPO_PATH,
+    repo_tests_dir="airflow-core/tests/unit/executors/local_executor",
+    tests_dir="tests/executor",
+)
+SUPERVISOR = UpstreamFile(
+    name="supervisor.py",
+    distribution="apache-airflow-task-sdk",
+    package_path="airflow/sdk/execution_time/supervisor.py",
+    repo_path="task-sdk/src/airflow/sdk/execution_time/supervisor.py",
+    repo_tests_dir="task-sdk/tests/task_sdk/execution_time",
+    tests_dir="tests/supervisor",
+)
+UPSTREAM_FILES: tuple[UpstreamFile, ...] = (EXECUTOR, SUPERVISOR)
+
+
+def upstream_file(repo_path: str) -> UpstreamFile | None:
+    """The upstream file at ``repo_path`` in Airflow's repository, or None for any other path."""
+    return next((f for f in UPSTREAM_FILES if f.repo_path == repo_path), None)
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One distribution's release as a line pins it."""
+
+    file: UpstreamFile
+    version: str
+    wheel_sha256: str
+    source_sha256: str  # of the upstream file inside the wheel
+    covers: dict[str, str]  # other releases with the same file: version -> wheel sha256
+
+    @property
+    def wheel_name(self) -> str:
+        return f"{self.file.distribution.replace('-', '_')}-{self.version}-py3-none-any.whl"
 
 
 @dataclass(frozen=True)
@@ -29,6 +84,12 @@ class Line:
     covers: dict[str, str] = field(default_factory=dict)
     # A pre-release base stands in for upstream main (the next line before its release).
     prerelease: bool = False
+    # The apache-airflow-task-sdk release the line's base is tested with (its supervisor.py is the
+    # base of the series' second file), and the task-sdk releases shipping the same supervisor.py.
+    sdk_version: str = ""
+    sdk_wheel_sha256: str = ""
+    sdk_source_sha256: str = ""
+    sdk_covers: dict[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -38,6 +99,19 @@ class Line:
     @property
     def wheel_name(self) -> str:
         return f"apache_airflow_core-{self.version}-py3-none-any.whl"
+
+    @property
+    def pins(self) -> tuple[Pin, ...]:
+        """Every upstream file this line pins a base of (the supervisor only where recorded)."""
+        out = [Pin(EXECUTOR, self.version, self.wheel_sha256, self.source_sha256, self.covers)]
+        if self.sdk_version:
+            out.append(
+                Pin(SUPERVISOR, self.sdk_version, self.sdk_wheel_sha256, self.sdk_source_sha256, self.sdk_covers)
+            )
+        return tuple(out)
+
+    def pin(self, file: UpstreamFile) -> Pin | None:
+        return next((p for p in self.pins if p.file == file), None)
 
 
 LINES: tuple[Line, ...] = (
@@ -51,6 +125,9 @@ LINES: tuple[Line, ...] = (
             "3.3.0": "87c0afe38cfbfcb2b8bf91cd2f9af81d053346544b1997abd5794e94697775c1",
             "3.3.1": "28c6aa88bdd47a4401436f1bfefbc979236de16fa4962d408218c67b8f9a00b8",
         },
+        sdk_version="1.3.2",
+        sdk_wheel_sha256="5ff196842b7bc203e13332592ab78ed82cfa1225368a16bb91bf9d5705c62293",
+        sdk_source_sha256="d2c2b62d83273014970f1347ef2f35f412010058bb1ceddc67bb6e8fc1dcff78",
     ),
     Line(
         name="3.2",
@@ -62,6 +139,9 @@ LINES: tuple[Line, ...] = (
             "3.2.0": "b04b35b1224549a20786aab37af73e1608e67830fda61341a3fcd7480f13192b",
             "3.2.1": "9f13bb8bde8ab5e4910c5fc2d1fd637af488f56e4c32c062c1de6dc83593a1b5",
         },
+        sdk_version="1.2.2",
+        sdk_wheel_sha256="709552227b8139b1264413fdc4f0ef3034dd0519c8adeaffd0c9c908a608e6c5",
+        sdk_source_sha256="f000cde29b00efc018404d41507d1cfa9fd6522fd4d6bbf5e7549eb294faeba6",
     ),
     Line(
         name="3.1",
@@ -74,6 +154,13 @@ LINES: tuple[Line, ...] = (
             "3.1.6": "8021583e6ceb7cb98202035477a6cb7aa3c9a9b472174949ad1db597786ac35f",
             "3.1.7": "831ad153a0b94f467dd1fc720df234c0c47eaf4c3367508ae398d8525ca90f62",
         },
+        sdk_version="1.1.8",
+        sdk_wheel_sha256="bd4d971b7450a297b4c9f59410b1d6bce482c349cd187b393a5b8842a2af57e3",
+        sdk_source_sha256="26a23280e7055c3640bb091fa9522efe5f706722d1e02ecc40ff1cab0f857c41",
+        sdk_covers={
+            "1.1.6": "a9f97272f878c65133074da740062beaa7d422bf0b6a46c1abc98861ef601390",
+            "1.1.7": "8c30a0f4a7111a18a5a7d6b0de18a235b805efc9491e9d1ba9fda43cd7e9d51e",
+        },
     ),
     Line(
         name="3.4",
@@ -82,6 +169,9 @@ LINES: tuple[Line, ...] = (
         source_sha256="6be50792ce223c671097cef9c29a689a09fbd842f9ea7524e372a564884d03e0",
         branch="main",
         prerelease=True,
+        sdk_version="1.4.0b2",
+        sdk_wheel_sha256="621afa4e10c8cacdf33028d29ec7506d0c94c543e1f04a66ac77f9f079789f74",
+        sdk_source_sha256="6f04b4108f61aaa169bb3e68b245a982270be35806360a2986cf1f9ea0f71fae",
     ),
 )
 

@@ -2,9 +2,10 @@
 
 ``ensure(line)`` makes (or reuses) ``build/venvs/<line>`` with ``uv`` from the cached,
 sha256-verified wheel and ``constraints/<line>.txt``; a stamp file records what it was
-made from, so a changed pin or lock rebuilds it. ``install_executor(python, source)``
-swaps the venv's ``airflow/executors/local_executor.py`` for the given bytes, which is
-how verify walks the stages and how the tests session installs the overlay.
+made from, so a changed pin or lock rebuilds it. ``install_sources(python, sources)``
+swaps the venv's upstream files (``airflow/executors/local_executor.py``, task-sdk's
+``airflow/sdk/execution_time/supervisor.py``) for the given bytes, which is how verify walks
+the stages and how the tests session installs the overlay.
 """
 
 from __future__ import annotations
@@ -156,19 +157,30 @@ def purelib(python: Path | str) -> Path:
     return Path(out.stdout.strip())
 
 
+def install_sources(python: Path | str, sources: Mapping[str, bytes]) -> list[Path]:
+    """Make each ``path -> bytes`` of ``sources`` the venv's file at that installed path."""
+    root = purelib(python)
+    targets = []
+    for rel, data in sources.items():
+        target = root / rel
+        if not target.exists():
+            raise ToolError(f"{python} has no {rel}: not a venv made by tools.venvs.ensure")
+        if target.read_bytes() != data:
+            # why: uv hardlinks installed files to its cache; writing through would change every
+            # venv made from it. A new file renamed over the old one changes this venv alone.
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)
+        for pyc in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
+            pyc.unlink()
+        targets.append(target)
+    return targets
+
+
 def install_executor(python: Path | str, source: bytes) -> Path:
     """Make ``source`` the venv's ``airflow/executors/local_executor.py``; return its path."""
-    target = purelib(python) / pins.PACKAGE_PATH
-    if not target.exists():
-        raise ToolError(f"{python} has no {pins.PACKAGE_PATH}: not a venv made by tools.venvs.ensure")
-    if target.read_bytes() != source:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".local_executor-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(source)
-        os.replace(tmp, target)
-    for pyc in (target.parent / "__pycache__").glob("local_executor.*.pyc"):
-        pyc.unlink()
-    return target
+    return install_sources(python, {pins.PACKAGE_PATH: source})[0]
 
 
 def test_env(airflow_home: Path, layout: Layout = DEFAULT) -> dict[str, str]:
@@ -180,6 +192,8 @@ def test_env(airflow_home: Path, layout: Layout = DEFAULT) -> dict[str, str]:
             "AIRFLOW__API_AUTH__JWT_SECRET": JWT_SECRET,
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(layout.root), env.get("PYTHONPATH", "")])),
+            # The supervisor tests time [workers] min_heartbeat_interval's default wait.
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "5",
         }
     )
     return env

@@ -1,14 +1,14 @@
 """``verify``: every regression test fails before its patch and passes from it on, per line.
 
-For each line and each stage k (base + first k patches), the stage's
-``local_executor.py`` is installed into the line's venv and ``pytest tests/executor -m
-fixed_by`` runs with a small plugin recording each test's outcome and the patch its
+For each line and each stage k (base + first k patches), the stage's upstream files
+(``local_executor.py``, task-sdk's ``supervisor.py``) are installed into the line's venv and
+``pytest tests/executor tests/supervisor -m fixed_by`` runs with a small plugin recording each test's outcome and the patch its
 ``fixed_by`` marker names. A test fixed by the series' i-th patch (1-based) is expected
 to fail on stages 0..i-1 and pass on stages i..N; any other cell is unexpected (``!``).
 
 On a line whose base already carries a patch (the engine's ``upstream`` status: 3.4 ships
 patches 1-3), the tests it fixes are expected to pass on every stage, shown ``up``. Stages
-whose ``local_executor.py`` is byte-identical to one already run (3.4's stages 0-3) are not
+whose upstream files are byte-identical to one already run (3.4's stages 0-3) are not
 run again: their cells are that stage's outcomes.
 
 By default each test runs only on the stages that decide its verdict: the one before its patch
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import apply as engine_mod
-from tools import final_record, venvs
+from tools import final_record, pins, venvs
 from tools.errors import ToolError
 from tools.fixed_by_plugin import RECORD_ENV
 from tools.layout import Layout
@@ -230,18 +230,22 @@ def parse_stage_range(text: str | None, final: int) -> list[int]:
     return list(range(lo, hi + 1))
 
 
+TEST_DIRS = tuple(f.tests_dir for f in pins.UPSTREAM_FILES)
+
+
 def run_stage(
     python: Path,
-    source: bytes,
+    sources: Mapping[str, bytes],
     out_dir: Path,
     tag: str,
     select: str | None,
     layout_root: Path,
-    nodeids: Sequence[str] = ("tests/executor",),
+    nodeids: Sequence[str] = TEST_DIRS,
     collect_only: bool = False,
 ) -> tuple[dict[str, str], dict[str, str | None], dict[str, str], str | None]:
     """Run the marked tests against one stage: (outcomes, fixed_by, introduced_by, error or None)."""
-    venvs.install_executor(python, source)
+    venvs.install_sources(python, sources)
+    nodeids = [n for n in nodeids if (layout_root / n.split("::")[0]).exists()]
     out_dir.mkdir(parents=True, exist_ok=True)
     record = out_dir / f"{tag}.json"
     record.unlink(missing_ok=True)
@@ -287,7 +291,7 @@ def _verify_line(
     upstream = res.upstream
     # Which tests exist and what each is marked with, before anything runs (collection is cheap).
     _, fixed_by, introduced_by, error = run_stage(
-        python, res.code(), out_dir, "collect", select, layout.root, collect_only=True
+        python, res.sources(), out_dir, "collect", select, layout.root, collect_only=True
     )
     if error:
         errors.append(f"{name} collection: {error}")
@@ -297,15 +301,16 @@ def _verify_line(
         plan = plan_stages(fixed_by, introduced_by, series, res.final, upstream)
     # Stage -> the stage already run with byte-identical code (3.4's stages 0-3 are its base).
     ran: dict[bytes, int] = {}
+    digest = {k: final_record.sources_digest(res.sources(k)) for k in stages}
     try:
         for k in stages:
             wanted = sorted(n for n, planned in plan.items() if k in planned)
             got = {n: NOT_RUN for n in plan if n not in wanted}
-            same = ran.get(res.code(k))
+            same = ran.get(digest[k])
             if same is not None:
                 done = outcomes[same]
                 got.update({n: done[n] for n in wanted if done.get(n, NOT_RUN) != NOT_RUN})
-            if k == res.final and (reused := final_record.passed(name, res.code(k), layout) & set(wanted)):
+            if k == res.final and (reused := final_record.passed(name, res.sources(k), layout) & set(wanted)):
                 got.update(dict.fromkeys(reused, PASS))
                 print(
                     f"{name} stage {k}: {len(reused)} passed in `nox -s tests` on this code, reused", file=out
@@ -321,10 +326,10 @@ def _verify_line(
                     why = "nothing left to run"
                 print(f"{name} stage {k}: {why}", file=out, flush=True)
                 continue
-            ran.setdefault(res.code(k), k)
+            ran.setdefault(digest[k], k)
             started = time.monotonic()
             result, fixed, introduced, error = run_stage(
-                python, res.code(k), out_dir, f"stage-{k}", select, layout.root, todo
+                python, res.sources(k), out_dir, f"stage-{k}", select, layout.root, todo
             )
             fixed_by.update(fixed)
             introduced_by.update(introduced)
@@ -344,7 +349,7 @@ def _verify_line(
             ]
             if (again or unreproduced) and not error:
                 rerun, *_ = run_stage(
-                    python, res.code(k), out_dir, f"stage-{k}-rerun", None, layout.root, again + unreproduced
+                    python, res.sources(k), out_dir, f"stage-{k}-rerun", None, layout.root, again + unreproduced
                 )
                 result.update({n: FLAKY for n in again if rerun.get(n) == PASS})
                 result.update({n: FLAKY_FAIL for n in unreproduced if rerun.get(n) in (FAIL, CANNOT_RUN)})
@@ -355,7 +360,7 @@ def _verify_line(
             print(f"{name} stage {k}: {summary} ({time.monotonic() - started:.1f} s)", file=out, flush=True)
     finally:
         # why: the venv is shared with the tests session; leave it on the final overlay.
-        venvs.install_executor(python, res.code())
+        venvs.install_sources(python, res.sources())
     ev = evaluate(outcomes, fixed_by, series, introduced_by, upstream)
     ev.errors.extend(errors)
     return ev, stages
@@ -380,7 +385,7 @@ def run_verify(
     failed = [p for r in results.values() for p in r.patches if p.status == engine_mod.FAILED]
     if failed:
         raise ToolError(f"{failed[0].detail}\n{failed[0].hint}")
-    drift = [d for d in engine.drift(results) if "tests/executor" in d]
+    drift = [d for d in engine.drift(results) if any(f"{t}/" in d for t in TEST_DIRS)]
     if drift and not allow_drift:
         raise ToolError(f"{drift[0]}; run `nox -s apply -- --write` first (or pass --allow-drift)")
     series = engine.series.names

@@ -42,7 +42,7 @@ from harness import (
     wait_until,
 )
 
-BATCH_PATCH = "0015-run-localexecutor-workers-under-the-batch-scheduling-policy.patch"
+BATCH_PATCH = "0016-run-localexecutor-workers-under-the-batch-scheduling-policy.patch"
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux scheduling policies")
 
