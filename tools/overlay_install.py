@@ -1,22 +1,27 @@
-"""Install the patched ``local_executor.py`` into an operator's Airflow environment, reversibly.
+"""Install the patched upstream files into an operator's Airflow environment, reversibly.
 
-The overlay for a release line (``airflow_overlay/<line>/airflow/executors/local_executor.py``)
-replaces the installed file only when the environment is exactly what the overlay was
+The overlay of a release line (``airflow_overlay/<line>/``) holds the fully patched
+``airflow/executors/local_executor.py`` and task-sdk's ``airflow/sdk/execution_time/supervisor.py``.
+They replace the installed files only when the environment is exactly what the overlay was
 verified for: an apache-airflow-core version that is pinned (a line's version or one it
-``covers``) and a ``local_executor.py`` byte-identical to the pinned base. Everything the
-install did is written down in a state directory inside the environment::
+``covers``), an apache-airflow-task-sdk version the line pins (or one in its ``sdk_covers``),
+and each file byte-identical to its pinned base. Either check failing refuses the whole install:
+the two files are verified together. Everything the install did is written down in a state
+directory inside the environment::
 
     <sys.prefix of the env>/lepatch-overlay/
         record.json                 what was installed where, and the hashes on both sides
-        local_executor.py.orig      the original file, byte for byte
+        local_executor.py.orig      each original file, byte for byte
+        supervisor.py.orig
 
-so ``restore`` can put the original back exactly and ``status`` can tell whether the file
-was changed since. The record's ``state`` is written *before* the file is swapped
+so ``restore`` can put the originals back exactly and ``status`` can tell whether a file
+was changed since. The record's ``state`` is written *before* the files are swapped
 (``installing``) and flipped to ``installed`` after the smoke dispatch passed: an install
-that was killed half-way is visible, and ``restore`` undoes it.
+that was killed half-way is visible, and ``restore`` undoes it. ``restore --force`` over a
+file edited since keeps that edit in ``<sys.prefix>/lepatch-overlay-edited-<time>/``.
 
-Inspecting the environment never imports Airflow: the version and the file's location come
-from the distribution's metadata (``python -I``, so PYTHONPATH cannot point elsewhere).
+Inspecting the environment never imports Airflow: versions and file locations come from the
+distributions' metadata (``python -I``, so PYTHONPATH cannot point elsewhere).
 """
 
 from __future__ import annotations
@@ -34,9 +39,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from tools import pins, releases
 from tools.errors import ToolError
@@ -45,21 +50,22 @@ from tools.layout import DEFAULT as LAYOUT
 OVERLAY_DIR = LAYOUT.overlay
 SMOKE_SCRIPT = LAYOUT.tests_executor / "harness.py"
 STATE_DIR_NAME = "lepatch-overlay"
+EDITED_DIR_PREFIX = "lepatch-overlay-edited-"
 RECORD_NAME = "record.json"
 BACKUP_NAME = "local_executor.py.orig"
 SMOKE_TIMEOUT = 180.0
 
-# Runs inside the target environment: where is apache-airflow-core and which version is it.
+# Runs inside the target environment: for each (distribution, file), its version and path.
 _INSPECT = """
 import importlib.metadata as md, json, sys
-out = {"prefix": sys.prefix, "version": None, "file": None}
-try:
-    dist = md.distribution(%(dist)r)
-except md.PackageNotFoundError:
-    pass
-else:
-    out["version"] = dist.version
-    out["file"] = str(dist.locate_file(%(path)r))
+out = {"prefix": sys.prefix, "files": []}
+for dist_name, path in %(wanted)r:
+    try:
+        dist = md.distribution(dist_name)
+    except md.PackageNotFoundError:
+        out["files"].append([None, None])
+    else:
+        out["files"].append([dist.version, str(dist.locate_file(path))])
 print(json.dumps(out))
 """
 
@@ -71,13 +77,13 @@ class OverlayError(ToolError):
 class OverlayState(enum.Enum):
     """What ``status`` finds; the record's ``state`` field holds INSTALLING or INSTALLED."""
 
-    PRISTINE = "pristine"  # no record, the file is the pinned base
+    PRISTINE = "pristine"  # no record, every file is its pinned base
     INSTALLING = "installing"  # an install was interrupted between swap and smoke result
     INSTALLED = "installed"  # the recorded overlay is in place, unchanged
-    MODIFIED = "modified"  # the recorded overlay was installed, the file changed since
-    REVERTED = "reverted"  # a record exists but the file is the base again (package reinstalled?)
-    FOREIGN = "foreign"  # no record and the file is not the pinned base: patched by someone else
-    UNPINNED = "unpinned"  # the installed version is not one the overlays were verified for
+    MODIFIED = "modified"  # the recorded overlay was installed, a file changed since
+    REVERTED = "reverted"  # a record exists but the files are the bases again (package reinstalled?)
+    FOREIGN = "foreign"  # no record and a file is not its pinned base: patched by someone else
+    UNPINNED = "unpinned"  # an installed version is not one the overlays were verified for
 
     @property
     def healthy(self) -> bool:
@@ -85,11 +91,33 @@ class OverlayState(enum.Enum):
 
 
 @dataclass
+class Installed:
+    """One upstream file as the environment has it."""
+
+    file: pins.UpstreamFile
+    version: str | None  # its distribution's version; None when the distribution is missing
+    target: Path
+
+    @property
+    def backup_name(self) -> str:
+        return f"{self.file.name}.orig"
+
+
+@dataclass
 class Environment:
     python: Path
     prefix: Path
-    version: str
-    target: Path  # the installed local_executor.py
+    files: list[Installed]  # the executor first
+
+    @property
+    def version(self) -> str:
+        """The apache-airflow-core version: it decides the line."""
+        return self.files[0].version or "?"
+
+    @property
+    def target(self) -> Path:
+        """The installed local_executor.py."""
+        return self.files[0].target
 
     @property
     def state_dir(self) -> Path:
@@ -97,31 +125,55 @@ class Environment:
 
 
 @dataclass
-class OverlayRecord:
-    state: str  # OverlayState.INSTALLING.value or OverlayState.INSTALLED.value
-    line: str
+class FileRecord:
+    file: str  # UpstreamFile.name
+    distribution: str
     version: str
-    python: str
     target: str
     backup: str
     original_sha256: str
     overlay_sha256: str
     overlay_source: str
+
+
+@dataclass
+class OverlayRecord:
+    state: str  # OverlayState.INSTALLING.value or OverlayState.INSTALLED.value
+    line: str
+    version: str  # apache-airflow-core's
+    python: str
     installed_at: str
-    schema: int = 1
+    files: list[FileRecord] = field(default_factory=list)
+    schema: int = 2
 
     @classmethod
     def load(cls, path: Path) -> OverlayRecord:
         try:
-            data = json.loads(path.read_text())
+            data: dict[str, Any] = json.loads(path.read_text())
+            if data.get("schema") == 1:  # one file, its fields at the top
+                one = {k: data.pop(k) for k in ("target", "backup", "original_sha256", "overlay_sha256")}
+                one["overlay_source"] = data.pop("overlay_source")
+                data["files"] = [
+                    {
+                        "file": pins.EXECUTOR.name,
+                        "distribution": pins.DISTRIBUTION,
+                        "version": data["version"],
+                        **one,
+                    }
+                ]
+                data["schema"] = 2
+            data["files"] = [FileRecord(**f) for f in data.get("files", [])]
             return cls(**data)
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, KeyError) as exc:
             raise OverlayError(f"{path}: unreadable overlay record ({exc}); inspect it by hand") from exc
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
         os.replace(tmp, path)
+
+    def of(self, name: str) -> FileRecord | None:
+        return next((f for f in self.files if f.file == name), None)
 
 
 @dataclass
@@ -130,29 +182,32 @@ class Status:
     env: Environment
     line: pins.Line | None
     record: OverlayRecord | None
-    current_sha256: str
+    current: dict[str, str]  # UpstreamFile.name -> sha256 of the installed file
+    why: str = ""  # UNPINNED, FOREIGN: which file and why, one sentence
+
+    @property
+    def current_sha256(self) -> str:
+        return self.current.get(pins.EXECUTOR.name, "")
 
     def describe(self) -> str:
-        where = f"{self.env.target} (apache-airflow-core {self.env.version})"
+        where = f"{self.env.prefix} (apache-airflow-core {self.env.version})"
         rec = self.record
         if self.state is OverlayState.PRISTINE:
-            return f"none: {where} is the pinned {self.line.name if self.line else '?'} base"
+            names = ", ".join(f.file.name for f in self.env.files)
+            return f"none: {names} in {where} are the pinned {self.line.name if self.line else '?'} bases"
         if self.state is OverlayState.INSTALLED and rec:
-            return f"overlay {rec.line} installed {rec.installed_at} in {where}; unchanged since"
+            names = ", ".join(f.file for f in rec.files)
+            return f"overlay {rec.line} ({names}) installed {rec.installed_at} in {where}; unchanged since"
         if self.state is OverlayState.MODIFIED and rec:
-            return (
-                f"overlay {rec.line} installed {rec.installed_at} in {where}, but the file changed since "
-                f"(sha256 {self.current_sha256[:12]}, installed {rec.overlay_sha256[:12]})"
-            )
+            return f"overlay {rec.line} installed {rec.installed_at} in {where}, but {self.why}"
         if self.state is OverlayState.INSTALLING and rec:
             return f"an install of overlay {rec.line} into {where} was interrupted: run restore"
         if self.state is OverlayState.REVERTED:
-            return (
-                f"none: {where} is the pinned base again, but a stale record is left in {self.env.state_dir}"
-            )
+            stale = self.env.state_dir
+            return f"none: {where} has the pinned bases again, but a stale record is left in {stale}"
         if self.state is OverlayState.FOREIGN:
-            return f"unknown: {where} is not the pinned base and no overlay record exists (patched by hand?)"
-        return f"unsupported: {where}: {unpinned_refusal(self.env.version, self.current_sha256)}"
+            return f"unknown: {self.why} and no overlay record exists (patched by hand?)"
+        return f"unsupported: {self.why}"
 
 
 def unpinned_refusal(version: str, current_sha256: str, lines: Sequence[pins.Line] = pins.LINES) -> str:
@@ -232,6 +287,28 @@ def _write_atomically(path: Path, data: bytes, mode_from: Path | None = None) ->
         raise
 
 
+def sdk_refusal(line: pins.Line, version: str | None, pin: pins.Pin) -> str:
+    """Why the installed task-sdk gets no overlay, naming the nearest release the line covers."""
+    dist = pin.file.distribution
+    verified = sorted([pin.version, *pin.covers], key=releases.version_key)
+    if version is None:
+        return (
+            f"{dist} is not installed, and the {line.name} overlay patches its {pin.file.name}; "
+            "refusing, nothing changed"
+        )
+    newer = [
+        v
+        for v in verified
+        if releases.is_release(version) and releases.version_key(v) > releases.version_key(version)
+    ]
+    nearest = newer[0] if newer else verified[-1]
+    return (
+        f"{dist} {version} is not a release the {line.name} overlay is verified with "
+        f"(verified: {', '.join(verified)}); install {dist}=={nearest}, the nearest verified, "
+        f"then install again; refusing, nothing changed"
+    )
+
+
 def drop_bytecode(target: Path) -> list[Path]:
     """Remove ``__pycache__/<stem>.*.pyc``: an unchecked-hash pyc would keep running the old code."""
     removed = []
@@ -265,12 +342,20 @@ class OverlayInstaller:
     # ---------------------------------------------------------------- inspection
 
     def inspect(self) -> Environment:
+        if self.python.is_dir():
+            raise OverlayError(
+                f"{self.python}: a directory, not an interpreter; pass its Python, "
+                f"e.g. --python {self.python / 'bin' / 'python'}"
+            )
         if not self.python.exists():
             raise OverlayError(f"{self.python}: no such interpreter")
-        script = _INSPECT % {"dist": pins.DISTRIBUTION, "path": pins.PACKAGE_PATH}
+        wanted = [(f.distribution, f.package_path) for f in pins.UPSTREAM_FILES]
         try:
             proc = subprocess.run(
-                [str(self.python), "-I", "-c", script], capture_output=True, text=True, timeout=60
+                [str(self.python), "-I", "-c", _INSPECT % {"wanted": wanted}],
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise OverlayError(f"{self.python}: cannot run it to inspect the environment ({exc})") from exc
@@ -278,21 +363,35 @@ class OverlayInstaller:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise OverlayError(f"{self.python}: inspecting the environment failed: {last}")
         data = json.loads(proc.stdout.strip().splitlines()[-1])
-        if not data["version"]:
-            raise OverlayError(f"{self.python}: {pins.DISTRIBUTION} is not installed in {data['prefix']}")
-        target = Path(data["file"]).resolve()
-        if not target.is_file():
-            raise OverlayError(
-                f"{target}: {pins.DISTRIBUTION} {data['version']} is installed but this file is missing"
-            )
-        return Environment(self.python, Path(data["prefix"]), data["version"], target)
+        files = []
+        for f, (version, located) in zip(pins.UPSTREAM_FILES, data["files"], strict=True):
+            if version is None and f is pins.EXECUTOR:
+                raise OverlayError(f"{self.python}: {f.distribution} is not installed in {data['prefix']}")
+            target = Path(located).resolve() if located else Path(data["prefix"]) / f.package_path
+            if version is not None and not target.is_file():
+                raise OverlayError(
+                    f"{target}: {f.distribution} {version} is installed but this file is missing"
+                )
+            files.append(Installed(f, version, target))
+        return Environment(self.python, Path(data["prefix"]), files)
 
-    def overlay_path(self, line: pins.Line) -> Path:
-        return self.overlay_dir / line.name / pins.PACKAGE_PATH
+    def overlay_path(self, line: pins.Line, file: pins.UpstreamFile = pins.EXECUTOR) -> Path:
+        return self.overlay_dir / line.name / file.package_path
+
+    def _members(self, env: Environment, line: pins.Line) -> list[tuple[Installed, pins.Pin]]:
+        """The files this line's overlay replaces: each one the line pins and the overlay carries."""
+        out = []
+        for inst in env.files:
+            pin = line.pin(inst.file)
+            if pin is not None and (
+                inst.file is pins.EXECUTOR or self.overlay_path(line, inst.file).is_file()
+            ):
+                out.append((inst, pin))
+        return out
 
     def status(self, env: Environment | None = None) -> Status:
         env = env or self.inspect()
-        current = sha256(env.target.read_bytes())
+        current = {f.file.name: sha256(f.target.read_bytes()) for f in env.files if f.version is not None}
         record_path = env.state_dir / RECORD_NAME
         record = OverlayRecord.load(record_path) if record_path.exists() else None
         try:
@@ -300,21 +399,36 @@ class OverlayInstaller:
         except KeyError:
             line = None
         if record is not None:
+            changed = [f.file for f in record.files if current.get(f.file) != f.overlay_sha256]
             if record.state == OverlayState.INSTALLING.value:
-                state = OverlayState.INSTALLING
-            elif current == record.overlay_sha256:
-                state = OverlayState.INSTALLED
-            elif current == record.original_sha256:
-                state = OverlayState.REVERTED
-            else:
-                state = OverlayState.MODIFIED
-        elif line is None or env.version == line.name:
-            state = OverlayState.UNPINNED
-        elif current == line.source_sha256:
-            state = OverlayState.PRISTINE
-        else:
-            state = OverlayState.FOREIGN
-        return Status(state, env, line, record, current)
+                return Status(OverlayState.INSTALLING, env, line, record, current)
+            if not changed:
+                return Status(OverlayState.INSTALLED, env, line, record, current)
+            if all(current.get(f.file) == f.original_sha256 for f in record.files):
+                return Status(OverlayState.REVERTED, env, line, record, current)
+            why = ", ".join(
+                f"{f.target} changed since (sha256 {current.get(f.file, '-')[:12]}, "
+                f"installed {f.overlay_sha256[:12]})"
+                for f in record.files
+                if f.file in changed
+            )
+            return Status(OverlayState.MODIFIED, env, line, record, current, why)
+        if line is None or env.version == line.name:
+            why = f"{env.target}: {unpinned_refusal(env.version, current[pins.EXECUTOR.name])}"
+            return Status(OverlayState.UNPINNED, env, line, None, current, why)
+        for inst, pin in self._members(env, line):
+            if inst.file is not pins.EXECUTOR and inst.version not in (pin.version, *pin.covers):
+                why = f"{inst.target}: {sdk_refusal(line, inst.version, pin)}"
+                return Status(OverlayState.UNPINNED, env, line, None, current, why)
+        for inst, pin in self._members(env, line):
+            if current.get(inst.file.name) != pin.source_sha256:
+                why = (
+                    f"{inst.target} is not byte-identical to the pinned {inst.file.distribution} "
+                    f"{pin.version} base (sha256 {current.get(inst.file.name, '-')[:12]}, "
+                    f"expected {pin.source_sha256[:12]})"
+                )
+                return Status(OverlayState.FOREIGN, env, line, None, current, why)
+        return Status(OverlayState.PRISTINE, env, line, None, current)
 
     # ---------------------------------------------------------------- install
 
@@ -322,79 +436,92 @@ class OverlayInstaller:
         env = self.inspect()
         st = self.status(env)
         if st.state is OverlayState.UNPINNED or st.line is None:
-            raise OverlayError(f"{env.target}: {unpinned_refusal(env.version, st.current_sha256)}")
+            raise OverlayError(st.why)
         line = st.line
         overlay_file = self.overlay_path(line)
         if not overlay_file.is_file():
             raise OverlayError(
                 f"{overlay_file}: no overlay for line {line.name}; run `nox -s apply -- --write` first"
             )
-        overlay = overlay_file.read_bytes()
-        overlay_sha = sha256(overlay)
-        if st.state is OverlayState.INSTALLED and st.record and st.record.overlay_sha256 == overlay_sha:
-            self.say(f"overlay {line.name} already installed in {env.target}; nothing to do")
+        members = self._members(env, line)
+        overlays = {inst.file.name: self.overlay_path(line, inst.file).read_bytes() for inst, _ in members}
+        if (
+            st.state is OverlayState.INSTALLED
+            and st.record
+            and {f.file: f.overlay_sha256 for f in st.record.files}
+            == {n: sha256(d) for n, d in overlays.items()}
+        ):
+            self.say(f"overlay {line.name} already installed in {env.prefix}; nothing to do")
             return st
         if st.state is OverlayState.FOREIGN:
-            raise OverlayError(
-                f"{env.target}: not byte-identical to the pinned {line.version} base "
-                f"(sha256 {st.current_sha256[:12]}, expected {line.source_sha256[:12]}): "
-                "someone patched it already; refusing, nothing changed"
-            )
+            raise OverlayError(f"{st.why}: someone patched it already; refusing, nothing changed")
         if st.state in (OverlayState.MODIFIED, OverlayState.INSTALLING, OverlayState.REVERTED):
             raise OverlayError(
-                f"{env.target}: {st.describe()}; run `restore` (or inspect "
-                f"{env.state_dir}) before installing; nothing changed"
+                f"{env.prefix}: {st.describe()}; run `restore` (or inspect {env.state_dir}) "
+                "before installing; "
+                "nothing changed"
             )
-
-        backup = env.state_dir / BACKUP_NAME
-        if st.state is OverlayState.INSTALLED and st.record:
-            # A newer overlay than the installed one: the original is already backed up.
-            original = backup.read_bytes()
-            if sha256(original) != line.source_sha256:
-                raise OverlayError(f"{backup}: backup does not match the pinned base; restore by hand")
-            self.say(
-                f"upgrading overlay {line.name} in {env.target} "
-                f"({st.record.overlay_sha256[:12]} -> {overlay_sha[:12]})"
-            )
-        else:
-            original = env.target.read_bytes()
+        originals: dict[str, bytes] = {}
+        for inst, pin in members:
+            backup = env.state_dir / inst.backup_name
+            if st.state is OverlayState.INSTALLED and backup.is_file():
+                # A newer overlay than the installed one: the original is already backed up.
+                originals[inst.file.name] = backup.read_bytes()
+                if sha256(originals[inst.file.name]) != pin.source_sha256:
+                    raise OverlayError(f"{backup}: backup does not match the pinned base; restore by hand")
+            else:
+                originals[inst.file.name] = inst.target.read_bytes()
+        if st.state is OverlayState.INSTALLED:
+            self.say(f"upgrading overlay {line.name} in {env.prefix}")
         record = OverlayRecord(
             state=OverlayState.INSTALLING.value,
             line=line.name,
             version=env.version,
             python=str(self.python),
-            target=str(env.target),
-            backup=str(backup),
-            original_sha256=sha256(original),
-            overlay_sha256=overlay_sha,
-            overlay_source=str(overlay_file),
             installed_at=_now(),
+            files=[
+                FileRecord(
+                    file=inst.file.name,
+                    distribution=inst.file.distribution,
+                    version=inst.version or "",
+                    target=str(inst.target),
+                    backup=str(env.state_dir / inst.backup_name),
+                    original_sha256=sha256(originals[inst.file.name]),
+                    overlay_sha256=sha256(overlays[inst.file.name]),
+                    overlay_source=str(self.overlay_path(line, inst.file)),
+                )
+                for inst, _ in members
+            ],
         )
         try:
             env.state_dir.mkdir(parents=True, exist_ok=True)
-            if not backup.exists():
-                _write_atomically(backup, original)
+            for inst, _ in members:
+                backup = env.state_dir / inst.backup_name
+                if not backup.exists():
+                    _write_atomically(backup, originals[inst.file.name])
             record.save(env.state_dir / RECORD_NAME)
-            _write_atomically(env.target, overlay, mode_from=env.target)
-            drop_bytecode(env.target)
+            for inst, _ in members:
+                _write_atomically(inst.target, overlays[inst.file.name], mode_from=inst.target)
+                drop_bytecode(inst.target)
         except OSError as exc:
-            self._put_back(env, original)
+            self._put_back(env, record)
             raise OverlayError(
-                f"{env.target}: cannot install the overlay ({exc}); original left in place"
+                f"{env.prefix}: cannot install the overlay ({exc}); originals left in place"
             ) from exc
 
         ok, detail = self.smoke(env)
         if not ok:
-            self._put_back(env, original)
+            self._put_back(env, record)
             raise OverlayError(
                 f"{env.target}: overlay {line.name} failed the smoke dispatch ({detail}); "
-                "the original file was put back"
+                "the original files were put back"
             )
         record.state = OverlayState.INSTALLED.value
         record.save(env.state_dir / RECORD_NAME)
+        installed = ", ".join(f"{f.target} (sha256 {f.overlay_sha256[:12]})" for f in record.files)
         self.say(
-            f"installed overlay {line.name} (sha256 {overlay_sha[:12]}) into {env.target}; "
-            f"original backed up to {backup}; smoke dispatch passed"
+            f"installed overlay {line.name}: {installed}; originals backed up in {env.state_dir}; "
+            "smoke dispatch passed"
         )
         return self.status(env)
 
@@ -442,11 +569,18 @@ class OverlayInstaller:
             return False, f"exit {proc.returncode}: {lines[-1][:200]}"
         return True, "passed"
 
-    def _put_back(self, env: Environment, original: bytes) -> None:
-        _write_atomically(env.target, original, mode_from=env.target)
-        drop_bytecode(env.target)
-        for name in (RECORD_NAME, BACKUP_NAME):
-            (env.state_dir / name).unlink(missing_ok=True)
+    def _put_back(self, env: Environment, record: OverlayRecord) -> None:
+        """Every recorded file back from its backup (or as read before the swap), the state dir gone."""
+        for f in record.files:
+            backup = Path(f.backup)
+            if backup.is_file() and sha256(backup.read_bytes()) == f.original_sha256:
+                target = Path(f.target)
+                if not target.is_file() or sha256(target.read_bytes()) != f.original_sha256:
+                    _write_atomically(target, backup.read_bytes(), mode_from=target)
+                drop_bytecode(target)
+        for f in record.files:
+            Path(f.backup).unlink(missing_ok=True)
+        (env.state_dir / RECORD_NAME).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             env.state_dir.rmdir()
 
@@ -458,23 +592,34 @@ class OverlayInstaller:
         rec = st.record
         if rec is None:
             raise OverlayError(f"{env.state_dir / RECORD_NAME}: no overlay record; nothing to restore")
-        if Path(rec.target) != env.target:
-            raise OverlayError(
-                f"{env.state_dir / RECORD_NAME}: records {rec.target}, but this env has {env.target}"
-            )
-        backup = Path(rec.backup)
-        original = backup.read_bytes() if backup.is_file() else b""
-        if sha256(original) != rec.original_sha256:
-            raise OverlayError(f"{backup}: backup missing or not the recorded original; nothing changed")
+        have = {str(f.target) for f in env.files}
+        for f in rec.files:
+            if f.target not in have:
+                raise OverlayError(
+                    f"{env.state_dir / RECORD_NAME}: records {f.target}, which this env does not have"
+                )
+            backup = Path(f.backup)
+            if not backup.is_file() or sha256(backup.read_bytes()) != f.original_sha256:
+                raise OverlayError(f"{backup}: backup missing or not the recorded original; nothing changed")
         if st.state is OverlayState.MODIFIED and not force:
             raise OverlayError(
-                f"{env.target}: changed since the overlay was installed (sha256 {st.current_sha256[:12]}); "
-                "restore would discard that change: pass --force; nothing changed"
+                f"{st.why}; restore would discard that change: pass --force (the edit is kept); "
+                "nothing changed"
             )
-        self._put_back(env, original)
+        kept = None
+        if st.state is OverlayState.MODIFIED:
+            kept = env.prefix / f"{EDITED_DIR_PREFIX}{_now().replace(':', '')}"
+            kept.mkdir(parents=True, exist_ok=True)
+            for f in rec.files:
+                if st.current.get(f.file) not in (f.overlay_sha256, f.original_sha256):
+                    shutil.copy2(f.target, kept / f.file)
+        for f in rec.files:
+            _write_atomically(Path(f.target), Path(f.backup).read_bytes(), mode_from=Path(f.target))
+        self._put_back(env, rec)
+        restored = ", ".join(f"{f.target} (sha256 {f.original_sha256[:12]})" for f in rec.files)
         self.say(
-            f"restored the original {env.target} (sha256 {rec.original_sha256[:12]}); "
-            f"overlay {rec.line} removed"
+            f"restored the originals: {restored}; overlay {rec.line} removed"
+            + (f"; the edited files are kept in {kept}" if kept else "")
         )
         return self.status(env)
 
@@ -511,6 +656,10 @@ def run(args: argparse.Namespace) -> int:
                     "target": str(st.env.target),
                     "version": st.env.version,
                     "sha256": st.current_sha256,
+                    "files": {
+                        f.file.name: {"version": f.version, "target": str(f.target)} for f in st.env.files
+                    },
+                    "current_sha256": st.current,
                     "record": asdict(st.record) if st.record else None,
                 },
                 indent=2,

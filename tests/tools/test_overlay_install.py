@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -23,16 +24,26 @@ LINE = pins.PRIMARY
 PY_DIR = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def fake_env(root: Path, version: str, source: bytes) -> tuple[Path, Path]:
-    """A venv with a stand-in apache-airflow-core: metadata and local_executor.py only."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    site = root / "lib" / PY_DIR / "site-packages"
-    dist = site / f"apache_airflow_core-{version}.dist-info"
+def _fake_dist(site: Path, file: pins.UpstreamFile, version: str, source: bytes) -> Path:
+    dist = site / f"{file.distribution.replace('-', '_')}-{version}.dist-info"
     dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: apache-airflow-core\nVersion: {version}\n")
-    target = site / pins.PACKAGE_PATH
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {file.distribution}\nVersion: {version}\n")
+    target = site / file.package_path
     target.parent.mkdir(parents=True)
     target.write_bytes(source)
+    return target
+
+
+def fake_env(
+    root: Path, version: str, source: bytes, sdk: tuple[str, bytes] | None = None
+) -> tuple[Path, Path]:
+    """A venv with a stand-in apache-airflow-core (metadata and local_executor.py only), and
+    with ``sdk`` = (version, supervisor.py) a stand-in apache-airflow-task-sdk as well."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = root / "lib" / PY_DIR / "site-packages"
+    target = _fake_dist(site, pins.EXECUTOR, version, source)
+    if sdk is not None:
+        _fake_dist(site, pins.SUPERVISOR, *sdk)
     return root / "bin" / "python", target
 
 
@@ -93,7 +104,8 @@ def test_install_status_restore_roundtrip(tmp_path: Path, base: bytes, overlay_d
     assert (state_dir / oi.BACKUP_NAME).read_bytes() == base
     record = json.loads((state_dir / oi.RECORD_NAME).read_text())
     assert record["state"] == "installed" and record["line"] == "3.3" and record["version"] == "3.3.1"
-    assert record["original_sha256"] == LINE.source_sha256
+    assert [f["file"] for f in record["files"]] == ["local_executor.py"]  # no task-sdk in this env
+    assert record["files"][0]["original_sha256"] == LINE.source_sha256
 
     before = snapshot(tmp_path / "env")
     inst.install()  # again: a no-op
@@ -172,7 +184,9 @@ def test_refuses_file_patched_by_someone_else(tmp_path: Path, base: bytes, overl
     before = snapshot(tmp_path / "env")
     inst = make(python, overlay_dir, tmp_path)
     assert inst.status().state is oi.OverlayState.FOREIGN
-    with pytest.raises(oi.OverlayError, match=r"not byte-identical to the pinned 3\.3\.2 base") as exc:
+    with pytest.raises(
+        oi.OverlayError, match=r"not byte-identical to the pinned apache-airflow-core 3\.3\.2 base"
+    ) as exc:
         inst.install()
     assert str(target) in str(exc.value) and "\n" not in str(exc.value)
     assert snapshot(tmp_path / "env") == before
@@ -189,7 +203,7 @@ def test_refuses_when_overlay_missing(tmp_path: Path, base: bytes) -> None:
 def test_failed_smoke_puts_the_original_back(tmp_path: Path, base: bytes, overlay_dir: Path) -> None:
     python, _ = fake_env(tmp_path / "env", "3.3.2", base)
     before = snapshot(tmp_path / "env")
-    with pytest.raises(oi.OverlayError, match=r"failed the smoke dispatch .* original file was put back"):
+    with pytest.raises(oi.OverlayError, match=r"failed the smoke dispatch .* original files were put back"):
         make(python, overlay_dir, tmp_path, ok=False).install()
     assert snapshot(tmp_path / "env") == before
 
@@ -210,11 +224,16 @@ def test_status_sees_changes_and_restore_needs_force(tmp_path: Path, base: bytes
     inst.install()
     target.write_bytes(target.read_bytes() + b"# edited after install\n")
     assert inst.status().state is oi.OverlayState.MODIFIED
-    with pytest.raises(oi.OverlayError, match="changed since the overlay was installed"):
+    with pytest.raises(oi.OverlayError, match=r"changed since .* pass --force"):
         inst.restore()
     assert b"edited after install" in target.read_bytes()
+    out = io.StringIO()
+    inst._out = out
     inst.restore(force=True)
     assert target.read_bytes() == base
+    (kept,) = (tmp_path / "env").glob(f"{oi.EDITED_DIR_PREFIX}*")
+    assert b"edited after install" in (kept / "local_executor.py").read_bytes()
+    assert f"the edited files are kept in {kept}" in out.getvalue()
 
 
 def test_interrupted_install_is_visible_and_restorable(
@@ -240,7 +259,7 @@ def test_cli_status_and_exit_codes(
     python, target = fake_env(tmp_path / "env", "3.3.2", base)
     args = ["--python", str(python), "--overlay-dir", str(overlay_dir)]
     assert oi.main(["status", *args]) == 0
-    assert "is the pinned 3.3 base" in capsys.readouterr().out
+    assert "are the pinned 3.3 bases" in capsys.readouterr().out
     target.write_bytes(b"# someone else's\n")
     assert oi.main(["status", "--json", *args]) == 3
     assert json.loads(capsys.readouterr().out)["state"] == "foreign"
@@ -256,6 +275,99 @@ def test_cli_refuses_a_missing_interpreter(tmp_path: Path, capsys: pytest.Captur
     assert "no such interpreter" in capsys.readouterr().err
 
 
+# ---------------------------------------------------------------- both upstream files
+
+SDK_BASE = b"# stand-in for task-sdk's supervisor.py\n"
+
+
+@pytest.fixture
+def two_file_line(monkeypatch: pytest.MonkeyPatch) -> pins.Line:
+    """The primary line with a task-sdk pin whose supervisor.py is SDK_BASE."""
+    line = dataclasses.replace(
+        LINE,
+        sdk_version="1.3.2",
+        sdk_wheel_sha256="0" * 64,
+        sdk_source_sha256=oi.sha256(SDK_BASE),
+        sdk_covers={"1.3.1": "1" * 64},
+    )
+    monkeypatch.setattr(pins, "LINES", (line, *pins.LINES[1:]))
+    return line
+
+
+@pytest.fixture
+def two_file_overlay(overlay_dir: Path) -> Path:
+    f = overlay_dir / LINE.name / pins.SUPERVISOR.package_path
+    f.parent.mkdir(parents=True)
+    f.write_bytes(SDK_BASE + b"# lepatch test overlay\n")
+    return overlay_dir
+
+
+def test_both_files_install_and_restore_together(
+    tmp_path: Path, base: bytes, two_file_line: pins.Line, two_file_overlay: Path
+) -> None:
+    python, target = fake_env(tmp_path / "env", "3.3.2", base, sdk=("1.3.1", SDK_BASE))
+    supervisor = target.parents[2] / pins.SUPERVISOR.package_path
+    inst = make(python, two_file_overlay, tmp_path)
+    assert inst.status().state is oi.OverlayState.PRISTINE
+    inst.install()
+    assert (
+        supervisor.read_bytes() == (two_file_overlay / LINE.name / pins.SUPERVISOR.package_path).read_bytes()
+    )
+    record = json.loads((tmp_path / "env" / oi.STATE_DIR_NAME / oi.RECORD_NAME).read_text())
+    assert [(f["file"], f["version"]) for f in record["files"]] == [
+        ("local_executor.py", "3.3.2"),
+        ("supervisor.py", "1.3.1"),
+    ]
+    supervisor.write_bytes(b"# edited\n")
+    assert inst.status().state is oi.OverlayState.MODIFIED
+    with pytest.raises(oi.OverlayError, match=r"supervisor\.py changed since"):
+        inst.restore()
+    inst.restore(force=True)
+    assert (target.read_bytes(), supervisor.read_bytes()) == (base, SDK_BASE)
+
+
+@pytest.mark.parametrize(
+    ("sdk_version", "source", "expected"),
+    [
+        (
+            "1.3.0",
+            SDK_BASE,
+            r"apache-airflow-task-sdk 1\.3\.0 is not a release the 3\.3 overlay is verified "
+            r"with \(verified: 1\.3\.1, 1\.3\.2\); install apache-airflow-task-sdk==1\.3\.1",
+        ),
+        (
+            "1.3.2",
+            b"# patched by hand\n",
+            r"supervisor\.py is not byte-identical to the pinned "
+            r"apache-airflow-task-sdk 1\.3\.2 base",
+        ),
+    ],
+)
+def test_an_unverified_supervisor_refuses_the_whole_install(
+    tmp_path: Path,
+    base: bytes,
+    two_file_line: pins.Line,
+    two_file_overlay: Path,
+    sdk_version: str,
+    source: bytes,
+    expected: str,
+) -> None:
+    python, _ = fake_env(tmp_path / "env", "3.3.2", base, sdk=(sdk_version, source))
+    before = snapshot(tmp_path / "env")
+    with pytest.raises(oi.OverlayError, match=expected) as exc:
+        make(python, two_file_overlay, tmp_path).install()
+    assert "\n" not in str(exc.value)
+    assert snapshot(tmp_path / "env") == before
+
+
+def test_a_venv_directory_for_python_is_named_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert oi.main(["status", "--python", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "a directory, not an interpreter" in err and f"--python {tmp_path / 'bin' / 'python'}" in err
+
+
 # ---------------------------------------------------------------- a real pinned environment
 
 UV = shutil.which("uv")
@@ -263,20 +375,25 @@ UV = shutil.which("uv")
 
 @pytest.mark.skipif(UV is None, reason="uv is needed to build a real apache-airflow-core venv")
 def test_real_venv_install_smoke_restore(tmp_path: Path, base: bytes) -> None:
-    """A real apache-airflow-core 3.3.1 (covered by the 3.3 line), the real smoke dispatch."""
+    """A real apache-airflow-core and task-sdk as the 3.3 line pins them, the real smoke dispatch.
+
+    (3.3.0 and 3.3.1, covered for local_executor.py, require task-sdk 1.3.0 and 1.3.1 exactly,
+    whose supervisor.py is another file: the overlay refuses those.)"""
     assert UV is not None  # the skipif above
     venv = tmp_path / "airflow-env"
     subprocess.run([UV, "venv", "-q", "-p", sys.executable, str(venv)], check=True)
-    wheel = (
-        Path(os.environ.get("LEPATCH_WHEELS", "/tmp/wheels")) / "apache_airflow_core-3.3.1-py3-none-any.whl"
-    )
-    requirement = str(wheel) if wheel.is_file() else "apache-airflow-core==3.3.1"
+    wheel = Path(os.environ.get("LEPATCH_CACHE", "build/cache")) / LINE.wheel_name
+    requirement = str(wheel) if wheel.is_file() else f"apache-airflow-core=={LINE.version}"
     python = venv / "bin" / "python"
+    # The task-sdk the 3.3 line pins: the overlay patches its supervisor.py too.
+    sdk = f"{pins.SUPERVISOR.distribution}=={LINE.sdk_version}"
     proc = subprocess.run(
-        [UV, "pip", "install", "-q", "--python", str(python), requirement], capture_output=True, text=True
+        [UV, "pip", "install", "-q", "--python", str(python), requirement, sdk],
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
-        pytest.skip(f"cannot install apache-airflow-core 3.3.1: {proc.stderr.strip()[-200:]}")
+        pytest.skip(f"cannot install apache-airflow-core {LINE.version}: {proc.stderr.strip()[-200:]}")
     real = oi.OVERLAY_DIR / LINE.name / pins.PACKAGE_PATH
     overlay_dir = oi.OVERLAY_DIR
     if not real.is_file():  # before the series exists: the base plus a marker line
@@ -287,14 +404,19 @@ def test_real_venv_install_smoke_restore(tmp_path: Path, base: bytes) -> None:
     out = io.StringIO()
     inst = oi.OverlayInstaller(python, overlay_dir=overlay_dir, out=out)
     env = inst.inspect()
-    assert env.version == "3.3.1"
+    assert env.version == LINE.version
     assert env.target.read_bytes() == base
 
     st = inst.install()
     assert st.state is oi.OverlayState.INSTALLED
     assert "smoke dispatch passed" in out.getvalue()
     assert env.target.read_bytes() == (overlay_dir / LINE.name / pins.PACKAGE_PATH).read_bytes()
+    supervisor = env.files[1].target
+    sdk_overlay = overlay_dir / LINE.name / pins.SUPERVISOR.package_path
+    if sdk_overlay.is_file():
+        assert supervisor.read_bytes() == sdk_overlay.read_bytes()
 
     inst.restore()
     assert env.target.read_bytes() == base
+    assert oi.sha256(supervisor.read_bytes()) == LINE.sdk_source_sha256
     assert inst.status().state is oi.OverlayState.PRISTINE
