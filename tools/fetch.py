@@ -100,7 +100,8 @@ def unpinned_path(version: str, layout: Layout = DEFAULT) -> Path:
 def _refuse(path: Path, version: str, expected: str, got: str, distribution: str) -> ToolError:
     path.unlink(missing_ok=True)
     return ToolError(
-        f"refusing {distribution} {version}: wheel sha256 is {got}, pinned {expected} (removed from the cache)"
+        f"refusing {distribution} {version}: wheel sha256 is {got}, pinned {expected} "
+        "(removed from the cache)"
     )
 
 
@@ -202,7 +203,9 @@ def check_pins(layout: Layout = DEFAULT, out: object = None) -> bool:
                 digest = sha256_bytes(src)
                 same = digest == pin.source_sha256
                 ok &= same
-                rows.append((line.name, what, pin.file.name, "ok", digest[:16], "same" if same else "DIFFERS"))
+                rows.append(
+                    (line.name, what, pin.file.name, "ok", digest[:16], "same" if same else "DIFFERS")
+                )
     header = ("line", "release", "file", "wheel", "sha256", "vs base")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:

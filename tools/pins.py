@@ -106,7 +106,13 @@ class Line:
         out = [Pin(EXECUTOR, self.version, self.wheel_sha256, self.source_sha256, self.covers)]
         if self.sdk_version:
             out.append(
-                Pin(SUPERVISOR, self.sdk_version, self.sdk_wheel_sha256, self.sdk_source_sha256, self.sdk_covers)
+                Pin(
+                    SUPERVISOR,
+                    self.sdk_version,
+                    self.sdk_wheel_sha256,
+                    self.sdk_source_sha256,
+                    self.sdk_covers,
+                )
             )
         return tuple(out)
 

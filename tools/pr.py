@@ -412,12 +412,17 @@ class PrPreparer:
             message = message.rstrip("\n") + ("\n" if joined else "\n\n")
             message += "".join(f"Co-authored-by: {a}\n" for a in coauthors)
         start_tree = form.stage(plan.start)
-        change = lineform.self_contained(
-            form.change(plan.start, plan.end),
-            form.stage(plan.end),
-            lambda p: lineform.has_path(self.repo, base_sha, p),
-            REPO_TESTS_DIR,
-        )
+        change = form.change(plan.start, plan.end)
+        # Test support files come along only for the test directories this PR's own tests are in
+        # (a supervisor PR needs none of the executor tests' harness).
+        for tests_dir in [f.repo_tests_dir for f in pins.UPSTREAM_FILES]:
+            if any(p.startswith(tests_dir + "/") for p in change):
+                change = lineform.self_contained(
+                    change,
+                    form.stage(plan.end),
+                    lambda p: lineform.has_path(self.repo, base_sha, p),
+                    tests_dir,
+                )
         carrier = lineform.overlay_commit(
             self.repo,
             base_sha,
@@ -535,10 +540,14 @@ class PrPreparer:
                 from tools import venvs  # the engine's venv helper: the line's pinned env
 
                 python = Path(venvs.ensure(line))
-                venvs.install_executor(python, (wt / pins.REPO_PATH).read_bytes())
+                branch_files = [f for f in pins.UPSTREAM_FILES if (wt / f.repo_path).is_file()]
+                venvs.install_sources(
+                    python, {f.package_path: (wt / f.repo_path).read_bytes() for f in branch_files}
+                )
                 notes.append(
-                    f"apache-airflow-core {line.version} (the {line.name} line's venv) with this branch's "
-                    "`local_executor.py`, no database"
+                    f"apache-airflow-core {line.version} and apache-airflow-task-sdk {line.sdk_version} "
+                    f"(the {line.name} line's venv) with this branch's "
+                    f"{' and '.join(f'`{f.name}`' for f in branch_files)}, no database"
                 )
                 env = venvs.test_env(wt / ".lepatch-airflow-home")
                 env.pop("PYTHONPATH", None)  # the clone's tests, not this project's

@@ -2,7 +2,8 @@
 
 For each line and each stage k (base + first k patches), the stage's upstream files
 (``local_executor.py``, task-sdk's ``supervisor.py``) are installed into the line's venv and
-``pytest tests/executor tests/supervisor -m fixed_by`` runs with a small plugin recording each test's outcome and the patch its
+``pytest tests/executor tests/supervisor -m fixed_by`` runs with a small plugin recording
+each test's outcome and the patch its
 ``fixed_by`` marker names. A test fixed by the series' i-th patch (1-based) is expected
 to fail on stages 0..i-1 and pass on stages i..N; any other cell is unexpected (``!``).
 
@@ -349,7 +350,13 @@ def _verify_line(
             ]
             if (again or unreproduced) and not error:
                 rerun, *_ = run_stage(
-                    python, res.sources(k), out_dir, f"stage-{k}-rerun", None, layout.root, again + unreproduced
+                    python,
+                    res.sources(k),
+                    out_dir,
+                    f"stage-{k}-rerun",
+                    None,
+                    layout.root,
+                    again + unreproduced,
                 )
                 result.update({n: FLAKY for n in again if rerun.get(n) == PASS})
                 result.update({n: FLAKY_FAIL for n in unreproduced if rerun.get(n) in (FAIL, CANNOT_RUN)})

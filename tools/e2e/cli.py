@@ -110,6 +110,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             "(the unpatched base) runs as without it"
         ),
     )
+    p.add_argument(
+        "--supervisor",
+        metavar="STAGE",
+        help=(
+            "task-sdk's supervisor.py from this stage (a number, or 'full') whatever the executor's stage; "
+            "e.g. --stage 0 --supervisor full: the unpatched executor with the series' supervisor fix"
+        ),
+    )
     p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
 
 
@@ -147,7 +155,19 @@ def options_from(args: argparse.Namespace) -> Options:
         min_heartbeat_interval=args.min_heartbeat_interval,
         trace_loops=args.trace_loops,
         airflow_env=parse_env(args.airflow_env),
+        supervisor=parse_supervisor(args.supervisor),
     )
+
+
+def parse_supervisor(text: str | None) -> int | str | None:
+    """``--supervisor``: a stage number, None for the series ('full'), or "" when not given."""
+    if text is None:
+        return ""
+    if text in ("full", "series"):
+        return None
+    if not text.isdigit():
+        raise ToolError(f"--supervisor: {text!r} is neither a stage number nor 'full'")
+    return int(text)
 
 
 def parse_env(items: list[str]) -> dict[str, str]:

@@ -85,6 +85,7 @@ report goes to ``build/e2e/report.json`` (and a timestamped copy); each stack's 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -256,6 +257,9 @@ class Options:
     min_heartbeat_interval: int | None = None  # [workers] min_heartbeat_interval; None: Airflow's
     trace_loops: bool = False  # --trace-loops: record the scheduler's loops (tools/e2e/looptrace.py)
     airflow_env: dict[str, str] = field(default_factory=dict)  # --airflow-env: for every stage's stack
+    # --supervisor: task-sdk's supervisor.py from this stage (None: the series) whatever the executor's;
+    # "" (default): the executor's own stage.
+    supervisor: int | str | None = ""
 
 
 @dataclass
@@ -1036,7 +1040,7 @@ def _stage_session(
     from tools.e2e.venv import resolve_source
 
     workdir.mkdir(parents=True, exist_ok=True)
-    source = resolve_source(opts.line, opts.stage)
+    source = resolve_source(opts.line, opts.stage, opts.supervisor)
     how = venv.install_executor(source)
     say(
         f"e2e {opts.line.name} (apache-airflow {opts.line.version}): executor = {source.label}, "
@@ -1053,6 +1057,9 @@ def _stage_session(
         "executor": {
             "label": source.label,
             "sha256": source.sha256,
+            "sources_sha256": {
+                path: hashlib.sha256(data).hexdigest() for path, data in source.sources.items()
+            },
             "origin": source.origin,
             "installed_via": how,
         },

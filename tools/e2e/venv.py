@@ -6,16 +6,17 @@ distribution, so the task SDK and the standard provider come with it) and the li
 release day's dependencies, :mod:`tools.e2e.lock`) or else the line's test lock. It is created
 with ``uv`` on first use and reused while its marker says it was built for the same inputs.
 
-The executor under test is then put in place:
+The executor under test is then put in place, with task-sdk's ``supervisor.py`` of the same stage
+(or of the stage ``--supervisor`` names):
 
-- stage 0: the pinned base, byte for byte (``tools.fetch.read_base``);
-- stage k: the file of ``tools.apply.build_stage(line, k)``, copied in;
+- stage 0: the pinned bases, byte for byte (``tools.fetch.read_bases``);
+- stage k: the files of ``tools.apply`` stage k, copied in;
 - default (the full series): the line's overlay ``airflow_overlay/<line>/...``, installed with
   ``tools.overlay_install`` (backup, record, smoke dispatch), or copied in when that installer or
-  its smoke harness is not there.
+  its smoke harness is not there, or when the supervisor comes from another stage.
 
-Whatever was installed before is undone first, so the venv always starts from the pinned base,
-and the installed file's sha256 is checked against the intended source afterwards.
+Whatever was installed before is undone first, so the venv always starts from the pinned bases,
+and each installed file's sha256 is checked against the intended source afterwards.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ import io
 import json
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tools import apply, fetch, overlay_install, pins, venvs
@@ -46,8 +46,11 @@ def sha256(data: bytes) -> str:
 class ExecutorSource:
     label: str  # "stage 0 (base 3.3.2)", "stage 2 of 3.3", "full series (airflow_overlay/3.3)"
     stage: int | None  # None: the full series overlay
-    data: bytes
+    data: bytes  # local_executor.py
     origin: str  # where the bytes came from
+    # Every upstream file to install, by installed path (local_executor.py's is ``data``).
+    sources: dict[str, bytes] = field(default_factory=dict)
+    mixed: bool = False  # the supervisor comes from another stage than the executor
 
     @property
     def sha256(self) -> str:
@@ -66,10 +69,12 @@ def series_length() -> int | None:
     return sum(1 for ln in series.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
 
 
-def resolve_source(line: pins.Line, stage: int | None) -> ExecutorSource:
-    """The bytes of ``local_executor.py`` for the requested stage of ``line``."""
+def stage_sources(line: pins.Line, stage: int | None) -> tuple[dict[str, bytes], str, str]:
+    """Every upstream file of a stage of ``line`` by installed path, its label and origin."""
     if stage == 0:
-        return ExecutorSource(f"stage 0 (base {line.version})", 0, fetch.read_base(line), "pinned wheel")
+        bases = fetch.read_bases(line)
+        files = {f.package_path: bases[f.repo_path] for f in pins.UPSTREAM_FILES if f.repo_path in bases}
+        return files, f"stage 0 (base {line.version})", "pinned wheel"
     if stage is None:
         overlay = LAYOUT.overlay / line.name / pins.PACKAGE_PATH
         if not overlay.is_file():
@@ -77,17 +82,36 @@ def resolve_source(line: pins.Line, stage: int | None) -> ExecutorSource:
                 f"{LAYOUT.rel(overlay)}: no overlay for line {line.name} yet; "
                 "run `nox -s apply -- --write`, or pass --stage 0 for the unpatched base"
             )
+        files = {
+            f.package_path: (LAYOUT.overlay / line.name / f.package_path).read_bytes()
+            for f in pins.UPSTREAM_FILES
+            if (LAYOUT.overlay / line.name / f.package_path).is_file()
+        }
         n = series_length()
         what = f"{n} patches" if n is not None else "the series"
-        return ExecutorSource(
-            f"full series ({what}, {LAYOUT.rel(overlay)})", None, overlay.read_bytes(), LAYOUT.rel(overlay)
-        )
-    with tempfile.TemporaryDirectory(prefix="lepatch-e2e-stage-") as tmp:
-        dest = Path(tmp) / "stage"
-        apply.build_stage(line, stage, dest)
-        data = (dest / pins.REPO_PATH).read_bytes()
-    return ExecutorSource(
-        f"stage {stage} of {line.name}", stage, data, f"python -m tools stage --stage {stage}"
+        where = LAYOUT.rel(LAYOUT.overlay / line.name)
+        return files, f"full series ({what}, {where})", where
+    return (
+        apply.apply_line(line).sources(stage),
+        f"stage {stage} of {line.name}",
+        f"python -m tools stage --stage {stage}",
+    )
+
+
+def resolve_source(line: pins.Line, stage: int | None, supervisor: int | str | None = "") -> ExecutorSource:
+    """The files of the requested stage of ``line``; task-sdk's from ``supervisor``'s stage if given."""
+    files, label, origin = stage_sources(line, stage)
+    source = ExecutorSource(label, stage, files[pins.PACKAGE_PATH], origin, files)
+    if supervisor == "" or supervisor == stage:
+        return source
+    assert not isinstance(supervisor, str)
+    other, other_label, _ = stage_sources(line, supervisor)
+    path = pins.SUPERVISOR.package_path
+    return replace(
+        source,
+        label=f"{label}, supervisor.py of {other_label}",
+        sources={**files, path: other[path]},
+        mixed=True,
     )
 
 
@@ -149,10 +173,9 @@ class AirflowVenv:
         (self.path / MARKER).write_text(json.dumps(want, indent=2) + "\n")
 
     def install_executor(self, source: ExecutorSource) -> str:
-        """Put ``source`` in place of the venv's local_executor.py; returns how it was installed."""
-        target = self.executor_file()
-        base = self._back_to_base()
-        if source.stage is None and Path(overlay_install.SMOKE_SCRIPT).is_file():
+        """Put ``source``'s files in place of the venv's; returns how they were installed."""
+        bases = self._back_to_base()
+        if source.stage is None and not source.mixed and Path(overlay_install.SMOKE_SCRIPT).is_file():
             said = io.StringIO()
             try:
                 OverlayInstaller(self.python, out=said).install()
@@ -162,24 +185,27 @@ class AirflowVenv:
                 for ln in said.getvalue().splitlines():
                     self.say(f"  {ln}")
             how = "tools.overlay_install"
-        elif source.data == base:
-            how = "pinned base (unchanged)"
+        elif source.sources == bases:
+            how = "pinned bases (unchanged)"
         else:
-            venvs.install_executor(self.python, source.data)
+            venvs.install_sources(self.python, source.sources)
             how = "copied (stale pyc removed)"
-        got = sha256(target.read_bytes())
-        if got != source.sha256:
-            raise ToolError(
-                f"{target}: sha256 {got[:12]} after install, expected {source.sha256[:12]} ({source.label})"
-            )
+        root = venvs.purelib(self.python)
+        for path, data in source.sources.items():
+            got = sha256((root / path).read_bytes())
+            if got != sha256(data):
+                raise ToolError(
+                    f"{root / path}: sha256 {got[:12]} after install, "
+                    f"expected {sha256(data)[:12]} ({source.label})"
+                )
         return how
 
-    def _back_to_base(self) -> bytes:
+    def _back_to_base(self) -> dict[str, bytes]:
         """Undo any earlier install (the overlay installer's restore, or a stage copied in)."""
-        base = fetch.read_base(self.line)
+        bases, _, _ = stage_sources(self.line, 0)
         installer = OverlayInstaller(self.python, out=io.StringIO())
         st = installer.status()
         if st.record is not None:
             installer.restore(force=st.state is not OverlayState.INSTALLED)
-        venvs.install_executor(self.python, base)  # no-op but for the stale pyc when already the base
-        return base
+        venvs.install_sources(self.python, bases)  # no-op but for the stale pyc when already the bases
+        return bases
