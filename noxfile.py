@@ -112,8 +112,8 @@ def typecheck(session: nox.Session) -> None:
             python = venvs.ensure(line)
         except ToolError as exc:
             session.error(str(exc))
-        # why: from the overlay root the file is airflow/executors/local_executor.py, checked
-        # against the line's installed Airflow (imports followed silently, not reported).
+        # why: from the overlay root the files are at their installed paths, checked against the
+        # line's installed Airflow and task-sdk (imports followed silently, not reported).
         with session.chdir(ROOT / "airflow_overlay" / line):
             session.run(
                 "mypy",
@@ -124,7 +124,7 @@ def typecheck(session: nox.Session) -> None:
                 "--ignore-missing-imports",
                 "--cache-dir",
                 str(ROOT / "build" / "mypy" / line),
-                pins.PACKAGE_PATH,
+                *(f.package_path for f in pins.UPSTREAM_FILES),
             )
     session.run("mypy", "--cache-dir", str(ROOT / "build" / "mypy" / "tools"))
     # why: tests/tools/conftest.py is the module "conftest" too; mypy takes one of them per run.

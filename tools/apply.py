@@ -493,12 +493,17 @@ class Engine:
 
     def test_tree_differences(self, results: dict[str, LineResult]) -> list[str]:
         """Lines whose final test tree is not the primary's (tests/executor runs on all)."""
-        ref = self.apply_line(self.primary).derived_tests()
+
+        def repo_tests(res: LineResult) -> Tree:
+            dirs = tuple(f.repo_tests_dir + "/" for f in pins.UPSTREAM_FILES)
+            return {p: d for p, d in res.stage().items() if p.startswith(dirs)}
+
+        ref = repo_tests(self.apply_line(self.primary))
         problems = []
         for name, res in results.items():
             if name == self.primary.name:
                 continue
-            tests = res.derived_tests()
+            tests = repo_tests(res)
             for rel in sorted(set(ref) | set(tests)):
                 if ref.get(rel) != tests.get(rel):
                     problems.append(

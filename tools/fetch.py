@@ -9,6 +9,7 @@ wheels. ``read_bases(line)`` gives every pinned upstream file of a line at its r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -135,7 +136,11 @@ def ensure_verified(
             os.replace(seen, target)
             return target
         seen.unlink()
-    fetch_one = download or (lambda v, d: pip_download(v, d, distribution))
+    fetch_one = download or (
+        pip_download
+        if distribution == pins.DISTRIBUTION
+        else functools.partial(pip_download, distribution=distribution)
+    )
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
         wheel = download_one(version, Path(tmp), fetch_one, distribution)
         got = sha256_file(wheel)

@@ -221,6 +221,10 @@ def test_bump_to_a_final_release_with_the_same_file(
         "branch": "main",
         "covers": {"9.2.0b2": index.sha("9.2.0b2")},
         "prerelease": False,
+        "sdk_version": "",
+        "sdk_wheel_sha256": "",
+        "sdk_source_sha256": "",
+        "sdk_covers": {},
     }
     text = out.getvalue()
     assert (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import commitmsg, pr_evidence, pr_internals
+from tools import commitmsg, pins, pr_evidence, pr_internals
 from tools import pr as prmod
 from tools.layout import Layout
 
@@ -138,18 +138,18 @@ def test_tests_run_in_the_base_lines_venv_with_the_branch_executor(
         seen["line"] = getattr(line, "name", line)
         return PYTHON
 
-    def install(python: object, source: bytes) -> Path:
-        seen["source"] = source
-        return tmp_path / "unused"
+    def install(python: object, sources: dict[str, bytes]) -> list[Path]:
+        seen["source"] = sources[pins.PACKAGE_PATH]
+        return [tmp_path / "unused"]
 
     monkeypatch.setattr(venvs, "ensure", ensure)
-    monkeypatch.setattr(venvs, "install_executor", install)
+    monkeypatch.setattr(venvs, "install_sources", install)
     p = prmod.PrPreparer(
         repo, layout=layout, out_dir=tmp_path / "pr", out=io.StringIO(), evidence_dir=tmp_path / "b"
     ).prepare("4")
     assert seen["line"] == "3.4" and seen["source"] == syn.stage_text(bases, "3.4", 4).encode()
     assert p.tests.ran and p.tests.passed
-    assert any("3.4.0b2 (the 3.4 line's venv)" in n for n in p.tests.notes)
+    assert any("(the 3.4 line's venv)" in n and "3.4.0b2" in n for n in p.tests.notes)
 
 
 def test_verified_section_from_verify_and_chaos_json(tmp_path: Path) -> None:

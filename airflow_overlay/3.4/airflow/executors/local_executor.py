@@ -362,14 +362,6 @@ class _HeldOff:
             raise error
 
 
-def _schedule(policy: str) -> None:
-    """Set this process's scheduling policy where the platform has it (Linux); else do nothing."""
-    # Moving between the two normal policies needs no privilege, and failing costs speed only.
-    if (value := getattr(os, policy, None)) is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, value, os.sched_param(0))
-
-
 def _run_worker(
     logger_name: str,
     input: Connection,
@@ -408,14 +400,6 @@ def _run_worker(
             _send_result(output, (key, STARTED, None))
 
     os.register_at_fork(after_in_parent=acknowledge_start)
-    # This worker is task-sdk's supervisor of the task process it forks. When that process exits, its
-    # sockets' EOF wakes the supervisor, which polls once for the exit and, if the process is not reaped
-    # yet, sleeps [workers] min_heartbeat_interval (5 s by default) with nothing left to wake it, holding
-    # this worker and its slot. Woken as a normal process it preempts the exiting task process on that
-    # CPU before the exit completes (a third to a half of short tasks lost the poll on two CPUs). As
-    # SCHED_BATCH it never preempts on wakeup; its task processes go back to the normal policy.
-    _schedule("SCHED_BATCH")
-    os.register_at_fork(after_in_child=lambda: _schedule("SCHED_OTHER"))
     if own_session is not None:
         log.warning(
             "Worker pid=%d could not start a session of its own (%s): if it dies, the task processes it "
