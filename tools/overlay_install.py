@@ -9,6 +9,7 @@ install did is written down in a state directory inside the environment::
     <sys.prefix of the env>/lepatch-overlay/
         record.json                 what was installed where, and the hashes on both sides
         local_executor.py.orig      the original file, byte for byte
+        kept/                       files ``restore --force`` replaced (an operator's edit), kept
 
 so ``restore`` can put the original back exactly and ``status`` can tell whether the file
 was changed since. The record's ``state`` is written *before* the file is swapped
@@ -47,6 +48,7 @@ SMOKE_SCRIPT = LAYOUT.tests_executor / "harness.py"
 STATE_DIR_NAME = "lepatch-overlay"
 RECORD_NAME = "record.json"
 BACKUP_NAME = "local_executor.py.orig"
+KEPT_DIR_NAME = "kept"  # why: restore --force must not lose an operator's edit of the file
 SMOKE_TIMEOUT = 180.0
 
 # Runs inside the target environment: where is apache-airflow-core and which version is it.
@@ -209,6 +211,21 @@ def unpinned_refusal(version: str, current_sha256: str, lines: Sequence[pins.Lin
     )
 
 
+def interpreter_problem(python: Path) -> str | None:
+    """Why ``python`` cannot be run as an interpreter, in one line naming the fix; None if it can."""
+    if not python.exists():
+        return f"{python}: no such interpreter; pass the environment's python (ENV/bin/python)"
+    if python.is_dir():
+        inside = next(
+            (python / c for c in ("bin/python", "Scripts/python.exe") if (python / c).is_file()), None
+        )
+        hint = f"--python {inside}" if inside else "--python DIR/bin/python, its interpreter"
+        return f"{python}: a directory, not an interpreter; pass {hint}"
+    if not os.access(python, os.X_OK):
+        return f"{python}: not executable; pass the environment's interpreter (ENV/bin/python)"
+    return None
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -265,8 +282,8 @@ class OverlayInstaller:
     # ---------------------------------------------------------------- inspection
 
     def inspect(self) -> Environment:
-        if not self.python.exists():
-            raise OverlayError(f"{self.python}: no such interpreter")
+        if problem := interpreter_problem(self.python):
+            raise OverlayError(problem)
         script = _INSPECT % {"dist": pins.DISTRIBUTION, "path": pins.PACKAGE_PATH}
         try:
             proc = subprocess.run(
@@ -340,11 +357,20 @@ class OverlayInstaller:
                 f"(sha256 {st.current_sha256[:12]}, expected {line.source_sha256[:12]}): "
                 "someone patched it already; refusing, nothing changed"
             )
-        if st.state in (OverlayState.MODIFIED, OverlayState.INSTALLING, OverlayState.REVERTED):
+        if st.state is OverlayState.MODIFIED and st.record:
             raise OverlayError(
-                f"{env.target}: {st.describe()}; run `restore` (or inspect "
-                f"{env.state_dir}) before installing; nothing changed"
+                f"{env.target}: changed since overlay {st.record.line} was installed "
+                f"(sha256 {st.current_sha256[:12]}); run `restore --force` (it keeps the changed file in "
+                f"{env.state_dir / KEPT_DIR_NAME}), then install again; nothing changed"
             )
+        if st.state in (OverlayState.INSTALLING, OverlayState.REVERTED) and st.record:
+            what = (
+                f"an install of overlay {st.record.line} was interrupted"
+                if st.state is OverlayState.INSTALLING
+                else f"the pinned base again, but the record of overlay {st.record.line} is left in "
+                f"{env.state_dir}"
+            )
+            raise OverlayError(f"{env.target}: {what}; run `restore`, then install again; nothing changed")
 
         backup = env.state_dir / BACKUP_NAME
         if st.state is OverlayState.INSTALLED and st.record:
@@ -466,15 +492,24 @@ class OverlayInstaller:
         original = backup.read_bytes() if backup.is_file() else b""
         if sha256(original) != rec.original_sha256:
             raise OverlayError(f"{backup}: backup missing or not the recorded original; nothing changed")
+        kept_dir = env.state_dir / KEPT_DIR_NAME
         if st.state is OverlayState.MODIFIED and not force:
             raise OverlayError(
                 f"{env.target}: changed since the overlay was installed (sha256 {st.current_sha256[:12]}); "
-                "restore would discard that change: pass --force; nothing changed"
+                f"`restore --force` puts the original back and keeps the changed file in {kept_dir}; "
+                "nothing changed"
             )
+        kept = None
+        if st.current_sha256 not in (rec.original_sha256, rec.overlay_sha256):
+            # An edit of the installed file (MODIFIED, or an interrupted install): never lost.
+            stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            kept = kept_dir / f"{env.target.name}.{stamp}.{st.current_sha256[:12]}"
+            kept_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomically(kept, env.target.read_bytes())
         self._put_back(env, original)
         self.say(
             f"restored the original {env.target} (sha256 {rec.original_sha256[:12]}); "
-            f"overlay {rec.line} removed"
+            f"overlay {rec.line} removed" + (f"; the changed file is kept as {kept}" if kept else "")
         )
         return self.status(env)
 
