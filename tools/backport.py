@@ -246,9 +246,8 @@ class Backport:
         self.out = out or sys.stdout
         self.tester = tester or run_line_tests
         if not (self.repo / ".git").exists():
-            raise BackportError(
-                f"{self.repo}: not a git clone (no .git); --repo takes {lineform.AIRFLOW_CLONE}"
-            )
+            what = "not a git clone (no .git)" if self.repo.is_dir() else "no such directory"
+            raise BackportError(f"{self.repo}: {what}; --repo takes {lineform.AIRFLOW_CLONE}")
         self.git_dir = Path(git("rev-parse", "--absolute-git-dir", cwd=self.repo).strip())
         self.state_path = self.git_dir / STATE_FILE
         self._forms: dict[str, lineform.LineForm] = {}

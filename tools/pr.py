@@ -256,7 +256,8 @@ class PrPreparer:
     ) -> None:
         self.repo = Path(repo).resolve()
         if not (self.repo / ".git").exists():
-            raise PrError(f"{self.repo}: not a git clone (no .git); --repo takes {lineform.AIRFLOW_CLONE}")
+            what = "not a git clone (no .git)" if self.repo.is_dir() else "no such directory"
+            raise PrError(f"{self.repo}: {what}; --repo takes {lineform.AIRFLOW_CLONE}")
         if python is not None and (problem := interpreter_problem(Path(python))):
             raise PrError(problem)
         self.layout = layout

@@ -235,3 +235,15 @@ def test_tests_session_runs_one_line(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-2000:]
     assert "tests(line='3.3'): skipped (--line tools)" in out and "usage:" not in out
+
+
+def test_nox_l_describes_each_session_for_its_user() -> None:
+    """`nox -l` prints the noxfile's docstring and each session's: user-facing text, one line each."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    module = ast.get_docstring(tree) or ""
+    assert module and ":func:" not in module and "install()" not in module
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in nox_sessions():
+            doc = ast.get_docstring(node) or ""
+            assert doc and "\n" not in doc.strip(), f"{node.name}: one line for nox -l"
+            assert "``" not in doc and len(doc) <= 105, f"{node.name}: {doc!r}"

@@ -402,6 +402,8 @@ def test_refuses_a_repo_that_is_not_an_airflow_clone(
     assert git(repo, "for-each-ref", "--format=%(refname:short)").split() == ["main"]
     assert prmod.main(["--repo", str(tmp_path), "7"]) == 1  # no .git at all
     assert "not a git clone (no .git); --repo takes an Airflow clone" in capsys.readouterr().err
+    assert prmod.main(["--repo", str(tmp_path / "airflow"), "7"]) == 1
+    assert "airflow: no such directory; --repo takes an Airflow clone" in capsys.readouterr().err
 
 
 def test_python_that_is_a_venv_directory_is_named(
