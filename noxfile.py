@@ -1,9 +1,10 @@
-"""Sessions: thin wrappers over ``python -m tools``; ``nox`` alone runs ``apply``.
+"""LocalExecutor patch series: `nox` alone runs `apply`; README.md says which session is for whom.
 
-Every install goes through :func:`install`, which applies ``constraints/tools.txt``; the
-per-line test venvs come from ``tools.venvs`` (constrained by ``constraints/<line>.txt``).
-``session.posargs`` go straight to the tool: ``nox -s apply -- --line 3.2``.
+Arguments after `--` go to the tool or to pytest: `nox -s apply -- --line 3.2`.
 """
+
+# Every install goes through install(), which applies constraints/tools.txt; the per-line test
+# venvs come from tools.venvs (constrained by constraints/<line>.txt).
 
 from __future__ import annotations
 
@@ -43,14 +44,23 @@ def run_tools(session: nox.Session, *args: str) -> None:
 
 @nox.session(venv_backend="none")
 def apply(session: nox.Session) -> None:
-    """Apply the series to every pinned line; check (or --write) overlays and tests/executor."""
+    """Apply the series to every pinned line and check the derived files (`-- --write` regenerates)."""
     run_tools(session, "apply", *session.posargs)
 
 
 @nox.session(venv_backend="none")
 @nox.parametrize("line", [*LINES, "tools"])
 def tests(session: nox.Session, line: str) -> None:
-    """Run the executor and supervisor tests on a line's overlay (its pinned venv), or the tools' tests."""
+    """Run the executor and supervisor tests on each line's overlay, and the tooling's (`-- --line 3.2`)."""
+    posargs = list(session.posargs)
+    if "--line" in posargs:  # why: pytest has no --line; pick the parametrization here
+        at = posargs.index("--line")
+        wanted = posargs[at + 1] if at + 1 < len(posargs) else ""
+        del posargs[at : at + 2]
+        if wanted not in (*LINES, "tools"):
+            session.error(f"--line {wanted!r}: not a pinned line (one of {', '.join(LINES)}, or tools)")
+        if wanted != line:
+            session.skip(f"--line {wanted}")
     record: list[str] = []
     try:
         if line == "tools":
@@ -80,8 +90,9 @@ def tests(session: nox.Session, line: str) -> None:
             *paths,
             "-p",
             "no:cacheprovider",
+            "-rfEs",  # failures, errors and every skip with its reason
             *record,
-            *session.posargs,
+            *posargs,
             external=True,
             env=env,
             success_codes=[0] if has_tests else [0, 5],
@@ -90,13 +101,13 @@ def tests(session: nox.Session, line: str) -> None:
 
 @nox.session(venv_backend="none")
 def verify(session: nox.Session) -> None:
-    """Every fixed_by test fails before its patch and passes from it on, on every line."""
+    """Show each regression test failing before its patch and passing from it on, on every line."""
     run_tools(session, "verify", *session.posargs)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (check and format) and the series' own lint."""
+    """Check code style (ruff) and the patches' headers, order and resolutions (lint-series)."""
     install(session, "ruff")
     session.run("ruff", "check", *LINT_PATHS)
     session.run("ruff", "format", "--check", *LINT_PATHS)
@@ -105,7 +116,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy on each overlay against its line's installed Airflow, then on tools/, tests/ and noxfile.py."""
+    """Type-check each line's overlay against its Airflow, and the tooling (mypy)."""
     install(session, "mypy", "nox", "pytest")
     for line in LINES:
         try:
@@ -133,7 +144,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def changelog(session: nox.Session) -> None:
-    """Check newsfragments/ and draft the changelog: ``nox -s changelog -- VERSION``."""
+    """Check newsfragments/ and draft the changelog (towncrier): `nox -s changelog -- VERSION`."""
     install(session, "towncrier")
     session.run("python", "-m", "tools", "check-newsfragments")
     version = session.posargs[0] if session.posargs else "unreleased"
@@ -142,46 +153,43 @@ def changelog(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def e2e(session: nox.Session) -> None:
-    """A real Airflow (api-server, scheduler, dag-processor) with workers killed on purpose.
-
-    ``nox -s e2e -- --stage 0 --scenario kill-queued --db postgres``; not part of ``tests``.
-    """
+    """Run a real Airflow with the overlay and kill its workers on purpose (2-10 min; see docs/e2e.md)."""
     run_tools(session, "e2e", *session.posargs)
 
 
 @nox.session(venv_backend="none")
 def overlay(session: nox.Session) -> None:
-    """Install, inspect or restore the overlay: ``nox -s overlay -- install --python ENV/bin/python``."""
+    """Install, check or remove the fix in your Airflow: `-- install --python ENV/bin/python`."""
     run_tools(session, "overlay", *session.posargs)
 
 
 @nox.session(venv_backend="none")
 def backport(session: nox.Session) -> None:
-    """Backport the series: ``nox -s backport -- --repo ../airflow v3-3-test v3-2-test v3-1-test``."""
+    """Cherry-pick the series onto an Airflow clone's v3-*-test branches: `-- --repo ../airflow v3-3-test`."""
     run_tools(session, "backport", *session.posargs)
 
 
 @nox.session(venv_backend="none")
 def pr(session: nox.Session) -> None:
-    """Prepare one patch as an upstream PR: ``nox -s pr -- --repo ../airflow 3``."""
+    """Make one patch an upstream PR branch and PR body in an Airflow clone: `-- --repo ../airflow 7`."""
     run_tools(session, "pr", *session.posargs)
 
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Dispatch cost, throughput, recovery of every stage as ratios to base: ``nox -s bench -- --quick``."""
+    """Measure every stage's speed as ratios to the unpatched base (docs/performance.md): `-- --quick`."""
     run_tools(session, "bench", *session.posargs)
 
 
 @nox.session(venv_backend="none")
 def chaos(session: nox.Session) -> None:
-    """Seeded SIGKILL/SIGTERM soak of every stage: ``nox -s chaos -- --runs 20 --seed 7``."""
+    """Soak every stage with seeded SIGKILL/SIGTERM runs and check no task is lost or hung."""
     run_tools(session, "chaos", *session.posargs)
 
 
 @nox.session(venv_backend="none")
 def model(session: nox.Session) -> None:
-    """SPIN checks of the dispatch protocol (final, stages 0 and 3): ``nox -s model -- --stage final``."""
+    """Model-check the dispatch protocol with SPIN (final stage, 0 and 3): `-- --stage final`."""
     if shutil.which("spin") is None:
         session.run("sh", "-c", "apt-get update -qq && apt-get install -y -qq spin", external=True)
     run_tools(session, "model", *session.posargs)

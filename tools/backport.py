@@ -48,6 +48,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,7 +56,7 @@ from typing import Any, TextIO
 
 from tools import commitmsg, lineform, pins
 from tools.errors import ToolError
-from tools.gitcmd import GitError, git
+from tools.gitcmd import GitError, git, identity_problem
 from tools.layout import DEFAULT as LAYOUT
 from tools.layout import REPO_TESTS_DIR, Layout
 from tools.series import Patch, read_patch, read_series_names
@@ -63,6 +64,7 @@ from tools.series import Patch, read_patch, read_series_names
 STATE_FILE = "lepatch-backport.json"
 SERIES_BRANCH = "lepatch-series"
 NOX = "nox -s backport --"
+WIDTH = 100  # the summary's notes are wrapped at this width
 
 
 class BackportError(ToolError):
@@ -244,7 +246,8 @@ class Backport:
         self.out = out or sys.stdout
         self.tester = tester or run_line_tests
         if not (self.repo / ".git").exists():
-            raise BackportError(f"{self.repo}: not a git clone (no .git)")
+            what = "not a git clone (no .git)" if self.repo.is_dir() else "no such directory"
+            raise BackportError(f"{self.repo}: {what}; --repo takes {lineform.AIRFLOW_CLONE}")
         self.git_dir = Path(git("rev-parse", "--absolute-git-dir", cwd=self.repo).strip())
         self.state_path = self.git_dir / STATE_FILE
         self._forms: dict[str, lineform.LineForm] = {}
@@ -269,7 +272,10 @@ class Backport:
         for ref in (f"refs/heads/{name}", f"refs/remotes/upstream/{name}", f"refs/remotes/origin/{name}"):
             if sha := self.rev(ref):
                 return sha
-        raise BackportError(f"{self.repo}: no branch {name!r} (looked in local, upstream/ and origin/)")
+        raise BackportError(
+            f"{self.repo}: no branch {name!r} (looked in local, upstream/ and origin/); "
+            f"--repo takes {lineform.AIRFLOW_CLONE}"
+        )
 
     def branch_name(self, name: str) -> str:
         return next((ln.branch for ln in pins.LINES if ln.name == name), name)
@@ -416,6 +422,12 @@ class Backport:
             raise BackportError(f"branch given twice: {' '.join(branches)}")
         starts = {name: self.resolve_branch(name) for name in names}
         base_sha = self.resolve_branch(base)
+        # why: checked first, else a foreign repo or a missing git identity reads as "does not apply".
+        for ref, sha in {base: base_sha, **starts}.items():
+            if problem := lineform.not_airflow(self.repo, sha, ref):
+                raise BackportError(problem)
+        if problem := identity_problem(self.repo):
+            raise BackportError(problem)
         lines = {ln.branch: ln.name for ln in pins.LINES}
         if test and (unknown := [n for n in names if n not in lines]):
             raise BackportError(
@@ -462,6 +474,8 @@ class Backport:
     def resume(self) -> State:
         """--continue: commit the hand-resolved pick, then carry on with the rest of the run."""
         st = self.load()
+        if problem := identity_problem(self.repo):
+            raise BackportError(problem)
         if st.patches and Path(st.patches) != self.layout.patches:
             self.layout = Layout(root=self.layout.root, patches_dir=Path(st.patches))
         run = st.current
@@ -713,10 +727,11 @@ class Backport:
             self.g("checkout", "--quiet", target)
         self.state_path.unlink(missing_ok=True)
         self.say("")
-        self.say(f"  {'branch':<14} {'backport branch':<34} {'status':<13} notes")
+        self.say(f"  {'branch':<14} {'backport branch':<34} status")
         for b in st.branches:
-            notes = "; ".join(b.notes) or "-"
-            self.say(f"  {b.branch:<14} {b.backport_branch:<34} {b.status:<13} {notes}")
+            self.say(f"  {b.branch:<14} {b.backport_branch:<34} {b.status}")
+            for note in b.notes:
+                self.say(textwrap.fill(note, WIDTH, initial_indent="    - ", subsequent_indent="      "))
         self.say(f"\nnothing pushed; back on {target}")
         return st
 

@@ -79,3 +79,18 @@ def git(
         err = proc.stderr.decode("utf-8", "replace")
         raise GitError(argv, Path(cwd) if cwd else None, proc.returncode, out, err)
     return out
+
+
+def identity_problem(cwd: Path | str) -> str | None:
+    """Why git cannot commit in ``cwd`` (no user.name/user.email), in one line; None if it can.
+
+    Checked before a tool starts committing: otherwise the first ``git cherry-pick`` fails and
+    the failure reads as a patch that does not apply."""
+    proc = subprocess.run(["git", "var", "GIT_COMMITTER_IDENT"], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return None
+    fatal = next((ln for ln in proc.stderr.splitlines() if ln.startswith("fatal:")), "no identity")
+    return (
+        f"{cwd}: git has no identity to commit with ({fatal.removeprefix('fatal: ')}); set one: "
+        'git config --global user.name "Your Name" && git config --global user.email you@example.org'
+    )

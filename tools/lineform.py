@@ -187,6 +187,20 @@ def has_path(repo: Path, commit: str, path: str) -> bool:
     return bool(git("ls-tree", "--name-only", commit, "--", path, cwd=repo).strip())
 
 
+# Where the clone the backport and pr tools work in comes from (README, "Release managers").
+AIRFLOW_CLONE = (
+    "an Airflow clone: git clone https://github.com/apache/airflow (main; v3-3-test, v3-2-test, "
+    "v3-1-test for backport)"
+)
+
+
+def not_airflow(repo: Path, commit: str, ref: str) -> str | None:
+    """One line saying ``repo`` is not an Airflow clone (``ref`` lacks the executor); None if it is."""
+    if has_path(repo, commit, pins.REPO_PATH):
+        return None
+    return f"{repo}: {ref} has no {pins.REPO_PATH}, so this is not {AIRFLOW_CLONE}"
+
+
 def self_contained(change: Change, end: Tree, present: Callable[[str], bool], tests_dir: str) -> Change:
     """``change`` made to apply to a tree that lacks the test files of earlier patches.
 

@@ -18,7 +18,7 @@ so ``restore`` can put the originals back exactly and ``status`` can tell whethe
 was changed since. The record's ``state`` is written *before* the files are swapped
 (``installing``) and flipped to ``installed`` after the smoke dispatch passed: an install
 that was killed half-way is visible, and ``restore`` undoes it. ``restore --force`` over a
-file edited since keeps that edit in ``<sys.prefix>/lepatch-overlay-edited-<time>/``.
+file edited since keeps that edit in ``lepatch-overlay/kept/<file>.<time>.<sha256>``.
 
 Inspecting the environment never imports Airflow: versions and file locations come from the
 distributions' metadata (``python -I``, so PYTHONPATH cannot point elsewhere).
@@ -50,9 +50,9 @@ from tools.layout import DEFAULT as LAYOUT
 OVERLAY_DIR = LAYOUT.overlay
 SMOKE_SCRIPT = LAYOUT.tests_executor / "harness.py"
 STATE_DIR_NAME = "lepatch-overlay"
-EDITED_DIR_PREFIX = "lepatch-overlay-edited-"
 RECORD_NAME = "record.json"
 BACKUP_NAME = "local_executor.py.orig"
+KEPT_DIR_NAME = "kept"  # why: restore --force must not lose an operator's edit of a file
 SMOKE_TIMEOUT = 180.0
 
 # Runs inside the target environment: for each (distribution, file), its version and path.
@@ -264,6 +264,21 @@ def unpinned_refusal(version: str, current_sha256: str, lines: Sequence[pins.Lin
     )
 
 
+def interpreter_problem(python: Path) -> str | None:
+    """Why ``python`` cannot be run as an interpreter, in one line naming the fix; None if it can."""
+    if not python.exists():
+        return f"{python}: no such interpreter; pass the environment's python (ENV/bin/python)"
+    if python.is_dir():
+        inside = next(
+            (python / c for c in ("bin/python", "Scripts/python.exe") if (python / c).is_file()), None
+        )
+        hint = f"--python {inside}" if inside else "--python DIR/bin/python, its interpreter"
+        return f"{python}: a directory, not an interpreter; pass {hint}"
+    if not os.access(python, os.X_OK):
+        return f"{python}: not executable; pass the environment's interpreter (ENV/bin/python)"
+    return None
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -342,13 +357,8 @@ class OverlayInstaller:
     # ---------------------------------------------------------------- inspection
 
     def inspect(self) -> Environment:
-        if self.python.is_dir():
-            raise OverlayError(
-                f"{self.python}: a directory, not an interpreter; pass its Python, "
-                f"e.g. --python {self.python / 'bin' / 'python'}"
-            )
-        if not self.python.exists():
-            raise OverlayError(f"{self.python}: no such interpreter")
+        if problem := interpreter_problem(self.python):
+            raise OverlayError(problem)
         wanted = [(f.distribution, f.package_path) for f in pins.UPSTREAM_FILES]
         try:
             proc = subprocess.run(
@@ -456,10 +466,13 @@ class OverlayInstaller:
         if st.state is OverlayState.FOREIGN:
             raise OverlayError(f"{st.why}: someone patched it already; refusing, nothing changed")
         if st.state in (OverlayState.MODIFIED, OverlayState.INSTALLING, OverlayState.REVERTED):
+            fix = (
+                "restore --force` (it keeps the edited files)"
+                if st.state is OverlayState.MODIFIED
+                else "restore`"
+            )
             raise OverlayError(
-                f"{env.prefix}: {st.describe()}; run `restore` (or inspect {env.state_dir}) "
-                "before installing; "
-                "nothing changed"
+                f"{env.prefix}: {st.describe()}; run `{fix}, then install again; nothing changed"
             )
         originals: dict[str, bytes] = {}
         for inst, pin in members:
@@ -603,23 +616,27 @@ class OverlayInstaller:
                 raise OverlayError(f"{backup}: backup missing or not the recorded original; nothing changed")
         if st.state is OverlayState.MODIFIED and not force:
             raise OverlayError(
-                f"{st.why}; restore would discard that change: pass --force (the edit is kept); "
+                f"{st.why}; `restore --force` puts the originals back and keeps the edited files; "
                 "nothing changed"
             )
-        kept = None
+        kept: list[Path] = []
         if st.state is OverlayState.MODIFIED:
-            kept = env.prefix / f"{EDITED_DIR_PREFIX}{_now().replace(':', '')}"
-            kept.mkdir(parents=True, exist_ok=True)
             for f in rec.files:
-                if st.current.get(f.file) not in (f.overlay_sha256, f.original_sha256):
-                    shutil.copy2(f.target, kept / f.file)
+                current = st.current.get(f.file, "")
+                if current not in (f.overlay_sha256, f.original_sha256):
+                    copy = (
+                        env.state_dir / KEPT_DIR_NAME / f"{f.file}.{_now().replace(':', '')}.{current[:12]}"
+                    )
+                    copy.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(f.target, copy)
+                    kept.append(copy)
         for f in rec.files:
             _write_atomically(Path(f.target), Path(f.backup).read_bytes(), mode_from=Path(f.target))
         self._put_back(env, rec)
         restored = ", ".join(f"{f.target} (sha256 {f.original_sha256[:12]})" for f in rec.files)
         self.say(
             f"restored the originals: {restored}; overlay {rec.line} removed"
-            + (f"; the edited files are kept in {kept}" if kept else "")
+            + "".join(f"; the edited {p.name.split('.py.')[0]}.py is kept as {p}" for p in kept)
         )
         return self.status(env)
 

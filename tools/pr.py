@@ -42,9 +42,10 @@ from typing import TextIO
 
 from tools import commitmsg, lineform, pins, pr_evidence, pr_internals
 from tools.errors import ToolError
-from tools.gitcmd import GitError, git
+from tools.gitcmd import GitError, git, identity_problem
 from tools.layout import DEFAULT as LAYOUT
 from tools.layout import REPO_TESTS_DIR, Layout
+from tools.overlay_install import interpreter_problem
 from tools.series import Patch, read_patch, read_series_names
 
 GUIDELINES = "https://github.com/apache/airflow/blob/main/contributing-docs/05_pull_requests.rst"
@@ -214,7 +215,9 @@ def pr_body(
     sections: list[str] | None = None,
     verified: str | None = None,
 ) -> str:
-    parts = [msg.body.strip() or msg.title]
+    # why: the disclosure below carries the one Generated-by line (--generated-by or the patch's).
+    body = re.sub(r"\n{3,}", "\n\n", re.sub(r"^Generated-by:.*(?:\n|$)", "", msg.body, flags=re.M))
+    parts = [body.strip() or msg.title]
     if refs := references(msg):
         parts.append("\n".join(refs))
     parts += sections or []
@@ -253,7 +256,10 @@ class PrPreparer:
     ) -> None:
         self.repo = Path(repo).resolve()
         if not (self.repo / ".git").exists():
-            raise PrError(f"{self.repo}: not a git clone (no .git)")
+            what = "not a git clone (no .git)" if self.repo.is_dir() else "no such directory"
+            raise PrError(f"{self.repo}: {what}; --repo takes {lineform.AIRFLOW_CLONE}")
+        if python is not None and (problem := interpreter_problem(Path(python))):
+            raise PrError(problem)
         self.layout = layout
         self.base = base
         self.python = python
@@ -287,7 +293,10 @@ class PrPreparer:
             sha = self.g("rev-parse", "--verify", "--quiet", f"{candidate}^{{commit}}", check=False).strip()
             if sha:
                 return sha
-        raise PrError(f"{self.repo}: no branch {ref!r} (looked in local, upstream/ and origin/)")
+        raise PrError(
+            f"{self.repo}: no branch {ref!r} (looked in local, upstream/ and origin/); "
+            f"--repo takes {lineform.AIRFLOW_CLONE}"
+        )
 
     def rev(self, ref: str) -> str:
         return self.g("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).strip()
@@ -361,6 +370,11 @@ class PrPreparer:
             raise PrError(f"{self.repo}: branch {branch} already exists; pass --force to make it again")
         if exists and self.g("symbolic-ref", "--quiet", "--short", "HEAD", check=False).strip() == branch:
             raise PrError(f"{self.repo}: branch {branch} is checked out; switch away before --force")
+        # why: checked first, else a foreign repo or a missing git identity reads as "does not apply".
+        if problem := lineform.not_airflow(self.repo, self.resolve(self.base), self.base):
+            raise PrError(problem)
+        if problem := identity_problem(self.repo):
+            raise PrError(problem)
         plan = self.plan(patch)
         stacked = None
         if plan.stack_on is not None:

@@ -21,6 +21,9 @@ from tools import pins
 from tools.errors import ToolError
 from tools.layout import DEFAULT, REPO_TESTS_DIR, Layout
 
+# The one author of the series' own patches (Origin: vendor), in patches/ and resolutions/;
+# upstream, backport and other patches keep their real authors.
+SERIES_AUTHOR = "LocalExecutor series <series@localexecutor.invalid>"
 REQUIRED_FIELDS = ("Origin", "Bug", "Forwarded", "Applied-Upstream", "Last-Update")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -359,6 +362,33 @@ def _check_fields(p: Patch) -> list[str]:
     return errors
 
 
+def check_authors(series: Series, identity: str = SERIES_AUTHOR) -> list[str]:
+    """One identity for the series' own patches: every ``Origin: vendor`` patch is by ``identity``
+    and no other patch is (theirs keep their real authors); a resolution is by its patch's author."""
+    errors = []
+    fix = "git commit --amend --author={a!r} in a checkout, then refresh"
+    for p in series.ordered():
+        vendor = (p.field("Origin") or "").strip() == "vendor"
+        if vendor and p.author and p.author != identity:
+            errors.append(
+                f"patches/{p.name}: Origin vendor, so From must be the series' identity {identity!r}, "
+                f"not {p.author!r} ({fix.format(a=identity)})"
+            )
+        elif not vendor and p.author == identity:
+            errors.append(
+                f"patches/{p.name}: From is the series' identity but Origin is "
+                f"{p.field('Origin')!r}: keep the real author of upstream and seed patches"
+            )
+    for (line_name, name), res in sorted(series.resolutions.items()):
+        patch = series.patches.get(name)
+        if patch is not None and res.author and patch.author and res.author != patch.author:
+            errors.append(
+                f"patches/resolutions/{line_name}/{name}: From {res.author!r}, but the patch it resolves "
+                f"is by {patch.author!r} (record it again with python -m tools refresh --line {line_name})"
+            )
+    return errors
+
+
 def _marker_names(text: str) -> list[tuple[int, str]]:
     """(offset, patch name) per ``fixed_by(...)``: a string literal, or a module-level
     ``NAME = "..."`` constant of the same source."""
@@ -411,6 +441,7 @@ def lint_series(layout: Layout = DEFAULT) -> list[str]:
         seen.add(name)
     for p in series.ordered():
         errors.extend(_check_fields(p))
+    errors.extend(check_authors(series))
     if layout.patches.is_dir():
         for path in sorted(layout.patches.glob("*.patch")):
             if path.name not in seen:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from tools.apply import Engine
 from tools.layout import Layout
 from tools.pins import REPO_PATH, Line
+from tools.series import SERIES_AUTHOR
 
 TESTS = "airflow-core/tests/unit/executors/local_executor"
 PRIMARY = Line(name="9.1", version="9.1.0", wheel_sha256="0" * 64, source_sha256="0" * 64, branch="v9-1-test")
@@ -26,6 +28,7 @@ Forwarded: no
 Applied-Upstream: no
 Last-Update: 2026-11-30"""
 
+TESTER = "Ada Tester <ada@example.invalid>"
 GIT_ENV = {
     "GIT_CONFIG_GLOBAL": "/dev/null",
     "GIT_CONFIG_NOSYSTEM": "1",
@@ -38,11 +41,11 @@ GIT_ENV = {
 }
 
 
-def _git(repo: Path, *args: str, input: str | None = None) -> str:
+def _git(repo: Path, *args: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
     return subprocess.run(
         ["git", *args],
         cwd=repo,
-        env={**os.environ, **GIT_ENV},
+        env={**os.environ, **GIT_ENV, **(env or {})},
         input=input,
         capture_output=True,
         text=True,
@@ -51,9 +54,21 @@ def _git(repo: Path, *args: str, input: str | None = None) -> str:
 
 
 def make_patch(
-    before: dict[str, str], after: dict[str, str], subject: str, body: str = "", dep3: str = DEP3
+    before: dict[str, str],
+    after: dict[str, str],
+    subject: str,
+    body: str = "",
+    dep3: str = DEP3,
+    author: str | None = None,
 ) -> str:
-    """A ``git format-patch --full-index`` mail turning ``before`` into ``after``."""
+    """A ``git format-patch --full-index`` mail turning ``before`` into ``after``.
+
+    Its author is ``author``, by default the series' own identity for an ``Origin: vendor``
+    patch (lint-series wants it there) and the fixtures' tester for any other."""
+    if author is None:
+        author = SERIES_AUTHOR if re.search(r"^Origin: vendor$", dep3, flags=re.M) else TESTER
+    name, email = re.fullmatch(r"(.+) <(.+)>", author).groups()  # type: ignore[union-attr]
+    who = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email}
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
         _git(repo, "init", "-q")
@@ -66,7 +81,7 @@ def make_patch(
                 (repo / p).write_text(text)
             _git(repo, "add", "-A")
             message = subject + "\n\n" + (body + "\n\n" if body else "") + dep3 if files is after else "base"
-            _git(repo, "commit", "-q", "--allow-empty", "-F", "-", input=message)
+            _git(repo, "commit", "-q", "--allow-empty", "-F", "-", input=message, env=who)
         return _git(
             repo, "format-patch", "--full-index", "-N", "--no-signature", "--zero-commit", "--stdout", "-1"
         )

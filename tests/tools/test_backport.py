@@ -322,3 +322,48 @@ def test_real_series_if_present(tmp_path: Path, bases: dict[str, bytes]) -> None
             check=True,
         ).stdout
         assert shown == overlay.read_bytes()
+
+
+def test_summary_notes_are_wrapped(world: tuple[Path, Layout, list[str]]) -> None:
+    repo, layout, _ = world
+    out = io.StringIO()
+    bp.Backport(repo, layout=layout, out=out).start(BRANCHES[:2])
+    summary = out.getvalue().split("backport branch", 1)[1].splitlines()
+    assert max(len(ln) for ln in summary) <= bp.WIDTH
+    assert any(ln.startswith("    - ") for ln in summary)
+
+
+def test_refuses_a_repo_that_is_not_an_airflow_clone(tmp_path: Path) -> None:
+    repo = tmp_path / "not-airflow"
+    repo.mkdir()
+    for args in (
+        ("init", "-q", "-b", "main"),
+        ("commit", "-q", "--allow-empty", "-m", "x"),
+        ("branch", "v3-3-test"),
+    ):
+        git(repo, *args)
+    with pytest.raises(
+        bp.BackportError, match=r"main has no .* not an Airflow clone: git clone https://"
+    ) as exc:
+        bp.Backport(repo, out=io.StringIO()).start(["v3-3-test"])
+    assert "\n" not in str(exc.value)
+    assert branches(repo) == {"main", "v3-3-test"} and not (repo / ".git" / bp.STATE_FILE).exists()
+
+
+def test_missing_git_identity_is_named_not_does_not_apply(
+    world: tuple[Path, Layout, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, layout, _ = world
+    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    (tmp_path / "gitconfig").write_text("[user]\n\tuseConfigOnly = true\n")
+    for key in ("user.name", "user.email"):
+        subprocess.run(["git", "config", "--unset", key], cwd=repo, check=False)
+    before = branches(repo)
+    with pytest.raises(bp.BackportError, match="git has no identity to commit with") as exc:
+        bp.Backport(repo, layout=layout, out=io.StringIO()).start(["v3-3-test"])
+    assert "does not apply" not in str(exc.value) and "\n" not in str(exc.value)
+    assert branches(repo) == before and not (repo / ".git" / bp.STATE_FILE).exists()

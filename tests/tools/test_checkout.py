@@ -37,7 +37,7 @@ def test_round_trip_is_a_no_op(proj: Project, tmp_path: Path) -> None:
     n = checkout(proj.engine(), PRIMARY, tmp_path / "co")
     assert n == 2
     log = _git(tmp_path / "co", "log", "--format=%an|%s", "lepatch-base..HEAD")
-    assert log.splitlines() == ["Ada Tester|Fix line twenty", "Ada Tester|Fix line four"]
+    assert log.splitlines() == ["LocalExecutor series|Fix line twenty", "LocalExecutor series|Fix line four"]
     report = refresh(proj.engine(), tmp_path / "co")
     assert report.written == [] and report.removed == []
     assert snapshot(proj.root) == before

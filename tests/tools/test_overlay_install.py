@@ -224,16 +224,42 @@ def test_status_sees_changes_and_restore_needs_force(tmp_path: Path, base: bytes
     inst.install()
     target.write_bytes(target.read_bytes() + b"# edited after install\n")
     assert inst.status().state is oi.OverlayState.MODIFIED
-    with pytest.raises(oi.OverlayError, match=r"changed since .* pass --force"):
+    with pytest.raises(oi.OverlayError, match=r"changed since .* `restore --force`"):
         inst.restore()
     assert b"edited after install" in target.read_bytes()
     out = io.StringIO()
     inst._out = out
     inst.restore(force=True)
     assert target.read_bytes() == base
-    (kept,) = (tmp_path / "env").glob(f"{oi.EDITED_DIR_PREFIX}*")
-    assert b"edited after install" in (kept / "local_executor.py").read_bytes()
-    assert f"the edited files are kept in {kept}" in out.getvalue()
+    (kept,) = (tmp_path / "env" / oi.STATE_DIR_NAME / oi.KEPT_DIR_NAME).iterdir()
+    assert b"edited after install" in kept.read_bytes()
+    assert f"kept as {kept}" in out.getvalue()
+
+
+def test_restore_force_keeps_the_operators_edit_and_says_where(
+    tmp_path: Path, base: bytes, overlay_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    python, target = fake_env(tmp_path / "env", "3.3.2", base)
+    args = ["--python", str(python), "--overlay-dir", str(overlay_dir)]
+    make(python, overlay_dir, tmp_path).install()
+    edited = target.read_bytes() + b"# the operator's hotfix\n"
+    target.write_bytes(edited)
+    # install and restore each say the one way out (restore --force), once, on one line
+    assert oi.main(["install", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.count(str(target)) == 1 and "`restore --force`" in err
+    assert oi.main(["restore", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "`restore --force`" in err and "then install" not in err
+    assert target.read_bytes() == edited
+    assert oi.main(["restore", "--force", *args]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    kept = list((tmp_path / "env" / oi.STATE_DIR_NAME / oi.KEPT_DIR_NAME).iterdir())
+    assert len(kept) == 1 and kept[0].read_bytes() == edited and f"kept as {kept[0]}" in out
+    assert target.read_bytes() == base
+    assert oi.main(["status", *args]) == 0  # pristine again; the kept file stays
+    assert kept[0].is_file()
 
 
 def test_interrupted_install_is_visible_and_restorable(
@@ -360,12 +386,15 @@ def test_an_unverified_supervisor_refuses_the_whole_install(
     assert snapshot(tmp_path / "env") == before
 
 
-def test_a_venv_directory_for_python_is_named_as_such(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_cli_names_the_interpreter_when_given_the_venv_directory(
+    tmp_path: Path, base: bytes, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert oi.main(["status", "--python", str(tmp_path)]) == 1
+    """--python ENV (the venv, not ENV/bin/python) was Errno 13: now one line naming the interpreter."""
+    python, _ = fake_env(tmp_path / "env", "3.3.2", base)
+    assert oi.main(["status", "--python", str(tmp_path / "env")]) == 1
     err = capsys.readouterr().err
-    assert "a directory, not an interpreter" in err and f"--python {tmp_path / 'bin' / 'python'}" in err
+    assert err == f"error: {tmp_path / 'env'}: a directory, not an interpreter; pass --python {python}\n"
+    assert "Errno" not in err
 
 
 # ---------------------------------------------------------------- a real pinned environment

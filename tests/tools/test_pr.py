@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -345,3 +346,74 @@ def test_real_series_prs_if_present(tmp_path: Path, bases: dict[str, bytes]) -> 
     for name in stacked:
         s = prep.prepare(name, run_tests=False)
         assert git(repo, "rev-parse", f"{s.branch}~1") == git(repo, "rev-parse", p.branch)
+
+
+def test_pr_body_carries_one_generated_by_line() -> None:
+    """A patch whose message says Generated-by, prepared with --generated-by: one line, the option's."""
+    msg = commitmsg.parse(
+        "Title\n\nWhat and why.\n\nGenerated-by: Claude Code (Opus 5.5)\n\n"
+        "Origin: vendor\nBug: https://github.com/apache/airflow/issues/70526\nForwarded: no\n"
+        "Applied-Upstream: no\nLast-Update: 2026-12-02\n"
+    )
+    tests = prmod.TestRun(False, False, "", "skipped (--no-test)")
+    body = prmod.pr_body(msg, tests, "Claude Code", None)
+    assert [ln for ln in body.splitlines() if ln.startswith("Generated-by:")] == [
+        f"Generated-by: Claude Code following {prmod.GENAI_GUIDELINES}"
+    ]
+    assert body.startswith("What and why.\n\nrelated: #70526\n")
+
+
+def no_identity(repo: Path, monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """git as on a fresh machine: no user.name/user.email anywhere, and no guessing one."""
+    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(home / "gitconfig"))
+    (home / "gitconfig").write_text("[user]\n\tuseConfigOnly = true\n")
+    for key in ("user.name", "user.email"):
+        subprocess.run(["git", "config", "--unset", key], cwd=repo, check=False)
+
+
+def test_missing_git_identity_is_named_not_does_not_apply(
+    world: tuple[Path, Layout, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, layout, _ = world
+    no_identity(repo, monkeypatch, tmp_path)
+    before = git(repo, "for-each-ref")
+    with pytest.raises(prmod.PrError) as exc:
+        preparer(repo, layout, tmp_path).prepare("2")
+    message = str(exc.value)
+    assert "git has no identity" in message and "git config --global user.email" in message
+    assert "does not apply" not in message and "\n" not in message
+    assert git(repo, "for-each-ref") == before
+
+
+def test_refuses_a_repo_that_is_not_an_airflow_clone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = tmp_path / "not-airflow"
+    repo.mkdir()
+    syn.run("git", "init", "-q", "-b", "main", cwd=repo)
+    syn.run("git", "commit", "-q", "--allow-empty", "-m", "x", cwd=repo)
+    assert prmod.main(["--repo", str(repo), "--no-test", "7"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not an Airflow clone: git clone https://github.com/apache/airflow" in err
+    assert git(repo, "for-each-ref", "--format=%(refname:short)").split() == ["main"]
+    assert prmod.main(["--repo", str(tmp_path), "7"]) == 1  # no .git at all
+    assert "not a git clone (no .git); --repo takes an Airflow clone" in capsys.readouterr().err
+    assert prmod.main(["--repo", str(tmp_path / "airflow"), "7"]) == 1
+    assert "airflow: no such directory; --repo takes an Airflow clone" in capsys.readouterr().err
+
+
+def test_python_that_is_a_venv_directory_is_named(
+    world: tuple[Path, Layout, list[str]], tmp_path: Path
+) -> None:
+    repo, layout, _ = world
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    with pytest.raises(
+        prmod.PrError, match=rf"a directory, not an interpreter; pass --python {venv}/bin/python"
+    ):
+        preparer(repo, layout, tmp_path, python=venv)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from series_fixtures import BASE_PRIMARY, DEP3, Project, edit, make_patch
+from series_fixtures import BASE_PRIMARY, DEP3, TESTER, Project, edit, make_patch
 
 from tools.layout import Layout
 from tools.pins import REPO_PATH
-from tools.series import lint_series, load_series, parse_dep3, parse_patch
+from tools.series import SERIES_AUTHOR, lint_series, load_series, parse_dep3, parse_patch
 
 
 def test_parse_format_patch_mail() -> None:
@@ -21,7 +21,7 @@ def test_parse_format_patch_mail() -> None:
     )
     p = parse_patch("0001-x.patch", text)
     assert p.subject == long_subject  # folded over two header lines, [PATCH] stripped
-    assert p.author == "Ada Tester <ada@example.invalid>"
+    assert p.author == SERIES_AUTHOR  # a vendor patch: the series' own identity
     assert p.date == "Mon, 30 Nov 2026 10:00:00 +0100"
     assert p.message.startswith("Why it matters.")
     assert p.fields["Origin"] == "vendor"
@@ -100,3 +100,47 @@ def test_lint_wants_full_blob_ids(tmp_path: Path) -> None:
     assert lint_series(proj.layout) == [
         "patches/0001-a.patch: no full blob ids (export with git format-patch --full-index)"
     ]
+
+
+OTHER = "Origin: other, https://github.com/apache/airflow/pull/70545\n" + DEP3.split("\n", 1)[1]
+
+
+def test_lint_keeps_one_author_for_the_series_own_patches(tmp_path: Path) -> None:
+    """Origin: vendor patches and their resolutions carry SERIES_AUTHOR; other patches keep theirs."""
+    proj = Project(tmp_path)
+    four = {REPO_PATH: BASE_PRIMARY}, {REPO_PATH: edit(BASE_PRIMARY, "line 4\n", "line four\n")}
+    patches = tmp_path / "patches"
+    (patches / "0001-seed.patch").write_text(make_patch(*four, "A seed", dep3=OTHER))  # by TESTER
+    (patches / "0002-ours.patch").write_text(make_patch(*four, "Ours", author=TESTER))
+    (patches / "0003-relabelled.patch").write_text(
+        make_patch(*four, "Relabelled", dep3=OTHER, author=SERIES_AUTHOR)
+    )
+    (patches / "0004-fine.patch").write_text(make_patch(*four, "Fine"))
+    proj.names = ["0001-seed.patch", "0002-ours.patch", "0003-relabelled.patch", "0004-fine.patch"]
+    proj.write_series()
+    res = patches / "resolutions" / "3.2"
+    res.mkdir(parents=True)
+    (res / "0004-fine.patch").write_text(make_patch(*four, "Fine", author=TESTER))
+    (res / "0001-seed.patch").write_text(make_patch(*four, "A seed", dep3=OTHER))
+    errors = lint_series(proj.layout)
+    assert all("\n" not in e for e in errors)
+    assert [e.split(":", 1)[0] for e in errors] == [
+        "patches/0002-ours.patch",
+        "patches/0003-relabelled.patch",
+        "patches/resolutions/3.2/0004-fine.patch",
+    ]
+    assert f"From must be the series' identity {SERIES_AUTHOR!r}, not {TESTER!r}" in errors[0]
+    assert "keep the real author" in errors[1]
+    assert f"is by {SERIES_AUTHOR!r}" in errors[2]
+
+
+def test_the_real_series_has_one_author_for_its_own_patches() -> None:
+    from tools.layout import DEFAULT
+    from tools.series import check_authors
+
+    series = load_series(DEFAULT)
+    assert check_authors(series) == []
+    vendor = [p for p in series.ordered() if p.field("Origin") == "vendor"]
+    assert vendor and {p.author for p in vendor} == {SERIES_AUTHOR}
+    others = [p for p in series.ordered() if p.field("Origin") != "vendor"]
+    assert others and SERIES_AUTHOR not in {p.author for p in others}
