@@ -1,5 +1,5 @@
 """pytest plugin loaded by verify (``-p tools.fixed_by_plugin``): records, per test, the
-patch its ``fixed_by`` marker names (and its ``introduced_by``, if any) and its outcome,
+patch its ``fixed_by`` marker names (its ``introduced_by`` and ``lines``, if any) and its outcome,
 into the JSON file named by ``$LEPATCH_VERIFY_RECORD``. Outcomes: ``pass``, ``fail`` (the
 test itself failed, a timeout included), ``error`` (setup or teardown failed), ``skip``, and
 ``n/a``: the test failed only because the stage lacks an attribute it drives (an
@@ -36,6 +36,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             # that patch until the one that fixes it.
             if introduced := marker.kwargs.get("introduced_by"):
                 rec["introduced_by"] = introduced
+            # A bug only some lines have (task-sdk 1.4's posix_spawn, say): elsewhere the test must pass.
+            if lines := marker.kwargs.get("lines"):
+                rec["lines"] = list(lines)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

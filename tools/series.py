@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tools import pins
 from tools.errors import ToolError
-from tools.layout import DEFAULT, REPO_TESTS_DIR, Layout
+from tools.layout import DEFAULT, Layout
 
 # The one author of the series' own patches (Origin: vendor), in patches/ and resolutions/;
 # upstream, backport and other patches keep their real authors.
@@ -29,7 +29,7 @@ _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _BLOB_RE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
 _FIXED_BY_RE = re.compile(
-    r"""\bmark\.fixed_by\(\s*(?:patch\s*=\s*)?(?:["']([^"']+)["']|([A-Za-z_][A-Za-z0-9_]*)\s*\))"""
+    r"""\bmark\.fixed_by\(\s*(?:patch\s*=\s*)?(?:["']([^"']+)["']|([A-Za-z_][A-Za-z0-9_]*)\s*[,)])"""
 )
 _URL_RE = re.compile(r"^https?://\S+$")
 
@@ -405,14 +405,15 @@ def _marker_names(text: str) -> list[tuple[int, str]]:
 def fixed_by_markers(layout: Layout, series: Series) -> list[tuple[str, int, str]]:
     """(where, line number, patch name) of every ``fixed_by(...)`` in the test sources."""
     found: list[tuple[str, int, str]] = []
-    if layout.tests_executor.is_dir():
-        for path in sorted(layout.tests_executor.rglob("*.py")):
+    for tests_dir in (layout.root / f.tests_dir for f in pins.UPSTREAM_FILES):
+        for path in sorted(tests_dir.rglob("*.py")) if tests_dir.is_dir() else []:
             text = path.read_text(encoding="utf-8", errors="replace")
             for offset, name in _marker_names(text):
                 found.append((layout.rel(path), text.count("\n", 0, offset) + 1, name))
+    repo_tests = tuple(f.repo_tests_dir + "/" for f in pins.UPSTREAM_FILES)
     for p in series.ordered():
         for f in p.files:
-            if not f.path.startswith(REPO_TESTS_DIR):
+            if not f.path.startswith(repo_tests):
                 continue
             added = "\n".join(
                 ln[1:]

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +87,7 @@ class Evaluation:
     fixed_by: dict[str, str | None] = field(default_factory=dict)
     introduced_by: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    elsewhere: set[str] = field(default_factory=set)  # tests of a bug only other lines have
 
     @property
     def ok(self) -> bool:
@@ -103,16 +104,27 @@ def expected_outcome(stage: int, fix_index: int, introduced_index: int = 0) -> s
     return FAIL if introduced_index <= stage < fix_index else PASS
 
 
+def _marked_lines(record: Path) -> dict[str, list[str]]:
+    """nodeid -> the lines its ``fixed_by(..., lines=...)`` names, from a collection record."""
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {n: r["lines"] for n, r in data.items() if isinstance(r, dict) and r.get("lines")}
+
+
 def evaluate(
     outcomes: Mapping[int, Mapping[str, str]],
     fixed_by: Mapping[str, str | None],
     series: Sequence[str],
     introduced_by: Mapping[str, str] | None = None,
     upstream: frozenset[str] = frozenset(),
+    elsewhere: Collection[str] = (),
 ) -> Evaluation:
     """Compare per-stage outcomes (stage -> nodeid -> outcome) with the expectations.
 
     ``upstream``: patches the line's base already carries; the tests they fix pass everywhere.
+    ``elsewhere``: tests of a bug this line does not have (``fixed_by(..., lines=...)``): they pass.
     """
     stages = sorted(outcomes)
     ev = Evaluation(stages, fixed_by=dict(fixed_by))
@@ -131,6 +143,10 @@ def evaluate(
                 continue
             introduced = list(series).index(cause) + 1
         ev.introduced_by[nodeid] = introduced
+        if nodeid in elsewhere:
+            ev.elsewhere.add(nodeid)
+            ev.rows[nodeid] = {k: Cell(outcomes[k].get(nodeid, MISSING), PASS) for k in stages}
+            continue
         if patch in upstream:
             ev.rows[nodeid] = {k: Cell(outcomes[k].get(nodeid, MISSING), PASS, True) for k in stages}
             continue
@@ -153,12 +169,18 @@ def render(title: str, ev: Evaluation, series: Sequence[str]) -> str:
             short = f"{ev.introduced_by[nodeid]:04d}>{short}"
         if any(c.upstream for c in row.values()):
             short += " up"
+        if nodeid in ev.elsewhere:
+            short += " -"
         cells = [row[k].label().ljust(width) for k in ev.stages]
         lines.append("  ".join([names[nodeid].ljust(first), short.ljust(8), *cells]))
     if any(c.outcome == CANNOT_RUN for row in ev.rows.values() for c in row.values()):
         lines.append("n/a = cannot run on that stage (it lacks an executor attribute the test drives)")
     if any(c.upstream for row in ev.rows.values() for c in row.values()):
         lines.append("up = the line's base already carries the fixing patch: expected to pass on every stage")
+    if ev.elsewhere:
+        lines.append(
+            "- = a bug of other lines only (fixed_by lines=...): must pass here, run on the final stage"
+        )
     if any(c.outcome == NOT_RUN for row in ev.rows.values() for c in row.values()):
         lines.append(". = before the stage preceding the test's patch: not run (--every-stage runs them all)")
     if any(c.outcome == FLAKY for row in ev.rows.values() for c in row.values()):
@@ -296,10 +318,14 @@ def _verify_line(
     )
     if error:
         errors.append(f"{name} collection: {error}")
+    # Tests of a bug only other lines have (``fixed_by(..., lines=...)``): here they must pass, on the
+    # final stage (earlier stages have nothing to show).
+    elsewhere = {n for n, lines in _marked_lines(out_dir / "collect.json").items() if name not in lines}
     if every_stage:
         plan = {nodeid: set(stages) for nodeid in fixed_by}
     else:
         plan = plan_stages(fixed_by, introduced_by, series, res.final, upstream)
+    plan.update({n: {res.final} & set(stages) for n in elsewhere})
     # Stage -> the stage already run with byte-identical code (3.4's stages 0-3 are its base).
     ran: dict[bytes, int] = {}
     digest = {k: final_record.sources_digest(res.sources(k)) for k in stages}
@@ -368,7 +394,7 @@ def _verify_line(
     finally:
         # why: the venv is shared with the tests session; leave it on the final overlay.
         venvs.install_sources(python, res.sources())
-    ev = evaluate(outcomes, fixed_by, series, introduced_by, upstream)
+    ev = evaluate(outcomes, fixed_by, series, introduced_by, upstream, elsewhere)
     ev.errors.extend(errors)
     return ev, stages
 

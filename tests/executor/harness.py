@@ -512,14 +512,19 @@ def fake_run(workload: Any) -> None:
         # A worker killed after it took the workload, before anything of it ran (once: the marker).
         Path(die_once).touch()
         os.kill(os.getpid(), signal.SIGKILL)
-    # task-sdk's supervisor forks the task process before the task runs anything: so does this, first,
-    # unless told not to (a fork of a worker that imported Airflow costs milliseconds of CPU in
-    # copy-on-write faults: a thousand of them are most of what a pipe-filling test spends).
+    # task-sdk's supervisor starts the task process before the task runs anything: so does this, first,
+    # the way this line's task-sdk does (task_process_layout()), unless told not to (a fork of a worker
+    # that imported Airflow costs milliseconds of CPU in copy-on-write faults: a thousand of them are
+    # most of what a pipe-filling test spends).
     if not spec.get("no_fork"):
-        forked = os.fork()
-        if forked == 0:
-            os._exit(0)
-        os.waitpid(forked, 0)
+        spawned, own_group = task_process_layout()
+        if spawned:
+            os.waitpid(os.posix_spawn("/bin/true", ["true"], os.environ, **_group(own_group)), 0)
+        else:
+            forked = os.fork()
+            if forked == 0:
+                os._exit(0)
+            os.waitpid(forked, 0)
     if spec.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Announce the start only once the workload is set up as asked, so a test reacting to it never
@@ -551,9 +556,39 @@ class NeedsResponse(Exception):
 MARK_INTERVAL = 0.05  # seconds between two marks of a task process
 
 
+def task_process_layout() -> tuple[bool, bool]:
+    """How this line's task-sdk starts a task process: (with ``posix_spawn``, in a process group of its own).
+
+    task-sdk 1.3 and 1.4 put it in its own process group (``os.setpgid(0, 0)``); 1.4 spawns it with
+    ``posix_spawn`` on macOS and with ``[core] execute_tasks_new_python_interpreter``, where no at-fork
+    handler runs. 1.1 and 1.2 fork it into the worker's process group.
+    """
+    import inspect
+
+    from airflow.sdk.execution_time import supervisor
+
+    own_group = "new_process_group" in inspect.signature(supervisor.WatchedSubprocess.start).parameters
+    uses_exec = getattr(supervisor, "_task_process_uses_exec", None)
+    return bool(uses_exec is not None and uses_exec()), own_group
+
+
+def _group(own: bool) -> dict[str, int]:
+    """``posix_spawn``'s arguments for a process group of its own (as ``setpgid(0, 0)``), or none."""
+    return {"setpgroup": 0} if own else {}
+
+
+def _mark(marks: str, tag: str, seconds: float | str) -> None:
+    fd = os.open(marks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    give_up = time.monotonic() + float(seconds)
+    while time.monotonic() < give_up:
+        # One write per line, O_APPEND: lines of different processes never mix.
+        os.write(fd, f"{tag} {os.getpid()} {time.monotonic():.6f}\n".encode())
+        time.sleep(MARK_INTERVAL)
+
+
 def _run_task_process(marks: str, tag: str, seconds: float, spec: dict[str, Any]) -> None:
     """
-    Fork a task process and wait for it, as task-sdk's ``supervise`` does.
+    Start a task process and wait for it, as task-sdk's ``supervise`` does on this line.
 
     The task process is quiet: it writes nothing to the worker, only a line ``tag pid monotonic``
     to ``marks`` every ``MARK_INTERVAL`` seconds for ``seconds``. With ``spec["mark_detached"]`` it
@@ -561,9 +596,18 @@ def _run_task_process(marks: str, tag: str, seconds: float, spec: dict[str, Any]
     the background and returns. With ``spec["mark_in_own_session"]`` it leaves that work to a
     process in a session of its own and waits for it, as BashOperator's SubprocessHook does.
     """
+    spawned, own_group = task_process_layout()
+    if spawned and not (spec.get("mark_detached") or spec.get("mark_in_own_session")):
+        # The spawned interpreter imports this file alone (not Airflow) to mark.
+        code = "import sys; sys.path.insert(0, sys.argv[1]); import harness; harness._mark(*sys.argv[2:])"
+        argv = [sys.executable, "-c", code, str(HERE), marks, tag, str(seconds)]
+        os.waitpid(os.posix_spawn(sys.executable, argv, os.environ, **_group(own_group)), 0)
+        return
     child = os.fork()
     if child == 0:
         try:
+            if own_group:
+                os.setpgid(0, 0)
             if spec.get("mark_detached") and os.fork() != 0:
                 os._exit(0)
             if spec.get("mark_in_own_session"):
@@ -572,12 +616,7 @@ def _run_task_process(marks: str, tag: str, seconds: float, spec: dict[str, Any]
                     os.waitpid(grandchild, 0)
                     os._exit(0)
                 os.setsid()
-            fd = os.open(marks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            give_up = time.monotonic() + seconds
-            while time.monotonic() < give_up:
-                # One write per line, O_APPEND: lines of different processes never mix.
-                os.write(fd, f"{tag} {os.getpid()} {time.monotonic():.6f}\n".encode())
-                time.sleep(MARK_INTERVAL)
+            _mark(marks, tag, seconds)
         finally:
             os._exit(0)
     os.waitpid(child, 0)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dis
 import linecache
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ from harness import (
     make_workload,
     new_executor,
     queued,
+    read_marks,
     run_scenario,
     wait_for_states,
     wait_until,
@@ -228,6 +230,35 @@ def test_workload_whose_worker_died_before_starting_it_runs_on_another_worker(st
         "failed_events": [],
         "running": 0,
     }
+
+
+# A worker that dies after task-sdk spawned its task process (no at-fork handler ran).
+# --------------------------------------------------------------------------------------
+
+SPAWNED_START_PATCH = "0016-acknowledge-a-start-when-task-sdk-spawns-the-task-process.patch"
+
+
+def worker_dies_after_its_spawned_task_started() -> dict:
+    # task-sdk 1.4 starts the task process with posix_spawn when this is set (and on macOS).
+    os.environ["AIRFLOW__CORE__EXECUTE_TASKS_NEW_PYTHON_INTERPRETER"] = "True"
+    executor = new_executor(1)
+    marks = str(Path(tempfile.mkdtemp(), "marks"))
+    task = make_workload("task", fake={"marks": marks, "mark_for": 2.0})
+    dispatch(executor, [task])
+    wait_until(lambda: read_marks(marks), timeout=30)
+    (worker,) = executor.workers
+    os.kill(worker, signal.SIGKILL)
+    states = wait_for_states(executor, [key_of(task)], timeout=30)
+    time.sleep(0.5)  # what a second dispatch of it would have marked by now
+    executor.end()
+    return {"states": states, "task processes": len({pid for _, pid, _ in read_marks(marks)})}
+
+
+@pytest.mark.fixed_by(SPAWNED_START_PATCH, lines=("3.4",))
+def test_worker_killed_after_spawning_its_task_process_fails_its_key_once(start_method):
+    # Before the fix the spawned start was never acknowledged: the key went to a new worker and ran twice.
+    outcome = run_scenario(worker_dies_after_its_spawned_task_started, start_method=start_method, deadline=60)
+    assert outcome == {"states": {"task": "failed"}, "task processes": 1}
 
 
 # --------------------------------------------------------------------------------------

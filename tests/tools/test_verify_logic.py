@@ -142,3 +142,13 @@ def test_a_bug_reproduced_on_the_rerun_is_expected_but_labelled() -> None:
     ev = evaluate(outcomes, {"t::a": "0001-a.patch"}, SERIES)
     assert ev.ok
     assert [c.label() for c in ev.rows["t::a"].values()] == ["FAIL*", "pass"]
+
+
+def test_a_bug_of_other_lines_must_pass_here() -> None:
+    """``fixed_by(..., lines=("3.4",))`` on another line: expected to pass where it runs, shown ``-``."""
+    outcomes = {0: {"t::a": NOT_RUN}, 1: {"t::a": NOT_RUN}, 2: {"t::a": "pass"}}
+    ev = evaluate(outcomes, {"t::a": "0002-b.patch"}, SERIES, elsewhere={"t::a"})
+    assert [c.label() for c in ev.rows["t::a"].values()] == [".", ".", "pass"] and ev.ok
+    ev = evaluate({2: {"t::a": "fail"}}, {"t::a": "0002-b.patch"}, SERIES, elsewhere={"t::a"})
+    assert not ev.ok
+    assert "0002 -" in render("9.1 (9.1.0)", ev, SERIES).splitlines()[1]

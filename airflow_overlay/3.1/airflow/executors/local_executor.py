@@ -350,6 +350,16 @@ class _HeldOff:
             raise error
 
 
+def _spawns_task_processes() -> bool:
+    """Whether task-sdk starts task processes with ``posix_spawn``: no at-fork handler runs for those."""
+    try:
+        # task-sdk 1.4 spawns on macOS and with [core] execute_tasks_new_python_interpreter; before, it forks.
+        from airflow.sdk.execution_time.supervisor import _task_process_uses_exec
+    except ImportError:
+        return False
+    return bool(_task_process_uses_exec())
+
+
 def _run_worker(
     logger_name: str,
     input: Connection,
@@ -387,6 +397,10 @@ def _run_worker(
             _send_result(output, (key, STARTED, None))
 
     os.register_at_fork(after_in_parent=acknowledge_start)
+    # A spawned task process runs no at-fork handler: acknowledge before the workload runs instead, so a
+    # worker that dies mid-task never has its started task taken for one that never started (run twice).
+    # Dying before the spawn then fails the key rather than moving it, as without the acknowledgement.
+    acknowledge_before_running = _spawns_task_processes()
     if own_session is not None:
         log.warning(
             "Worker pid=%d could not start a session of its own (%s): if it dies, the task processes it "
@@ -422,6 +436,8 @@ def _run_worker(
         # Say which worker took it: 3.1 reports no running state for a task.
         _send_result(output, (key, None, None))
         unacknowledged[0] = key
+        if acknowledge_before_running:
+            acknowledge_start()
 
         try:
             _execute_work(log, workload)
