@@ -519,7 +519,7 @@ def fake_run(workload: Any) -> None:
     if not spec.get("no_fork"):
         spawned, own_group = task_process_layout()
         if spawned:
-            os.waitpid(os.posix_spawn("/bin/true", ["true"], os.environ, **_group(own_group)), 0)
+            _spawn("/bin/true", ["true"], own_group)
         else:
             forked = os.fork()
             if forked == 0:
@@ -572,9 +572,13 @@ def task_process_layout() -> tuple[bool, bool]:
     return bool(uses_exec is not None and uses_exec()), own_group
 
 
-def _group(own: bool) -> dict[str, int]:
-    """``posix_spawn``'s arguments for a process group of its own (as ``setpgid(0, 0)``), or none."""
-    return {"setpgroup": 0} if own else {}
+def _spawn(path: str, argv: list[str], own_group: bool) -> int:
+    """``posix_spawn`` and wait, in a process group of its own (as ``setpgid(0, 0)``) if asked."""
+    if own_group:
+        pid = os.posix_spawn(path, argv, os.environ, setpgroup=0)
+    else:
+        pid = os.posix_spawn(path, argv, os.environ)
+    return os.waitpid(pid, 0)[1]
 
 
 def _mark(marks: str, tag: str, seconds: float | str) -> None:
@@ -601,7 +605,7 @@ def _run_task_process(marks: str, tag: str, seconds: float, spec: dict[str, Any]
         # The spawned interpreter imports this file alone (not Airflow) to mark.
         code = "import sys; sys.path.insert(0, sys.argv[1]); import harness; harness._mark(*sys.argv[2:])"
         argv = [sys.executable, "-c", code, str(HERE), marks, tag, str(seconds)]
-        os.waitpid(os.posix_spawn(sys.executable, argv, os.environ, **_group(own_group)), 0)
+        _spawn(sys.executable, argv, own_group)
         return
     child = os.fork()
     if child == 0:
