@@ -29,7 +29,10 @@
  * with the worker's session (_kill_left_behind, not modelled); the model takes, as the overlay does,
  * that it has done nothing worth keeping before the frame is complete: ranby[k] (the task started) is
  * set once it is (-DNOACK leaves the acknowledgement out: a third of the states, every lost workload
- * failed as before patch 11). SIGKILL of any worker at any step (the Killer, up to KILLS times).
+ * failed as before patch 11). Patch 16 writes the frame before the workload runs where task-sdk spawns
+ * the task process (no at-fork handler runs there): the same order, frame first, so the same model.
+ * Patch 17 (spawn where the start method is forkserver) changes how a worker starts, not the protocol.
+ * SIGKILL of any worker at any step (the Killer, up to KILLS times).
  *
  * Keys are 1..K; a worker sends a running frame (RUNF units), a STARTED frame (ACKF units) and a
  * terminal frame (R units) per workload; workloads are W units; None is 1 unit.

@@ -39,8 +39,13 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-@pytest.fixture(params=["fork", "spawn"])
+# fork is the Linux default before Python 3.14, forkserver from 3.14 on; spawn is macOS's. Set
+# LEPATCH_START_METHODS=fork,spawn,forkserver to run every scenario under forkserver as well.
+START_METHODS = os.environ.get("LEPATCH_START_METHODS", "fork,spawn").split(",")
+
+
+@pytest.fixture(params=START_METHODS)
 def start_method(request: pytest.FixtureRequest) -> str:
-    """Both start methods: fork is the Linux default, spawn the macOS one (and 3.14's)."""
+    """Each start method the executor's workers may be started with."""
     method: str = request.param
     return method

@@ -214,7 +214,7 @@ def run_scenario(
     assert module_file, f"cannot locate the module of {func!r}"
     # A spawned worker imports Airflow before it takes anything (seconds on a loaded runner); the
     # deadlock check, not the deadline, is what ends a hung scenario early.
-    deadline *= SPAWN_SLOWDOWN if start_method == "spawn" else 1
+    deadline *= SPAWN_SLOWDOWN if start_method != "fork" else 1
     with tempfile.TemporaryDirectory(prefix="lepatch-scenario-") as tmp:
         tmp = os.path.realpath(tmp)
         result_file = Path(tmp, "result.json")
@@ -767,7 +767,7 @@ def wait_for_states(
     from airflow.utils.state import TaskInstanceState
 
     terminal = {TaskInstanceState.SUCCESS, TaskInstanceState.FAILED}
-    if multiprocessing.get_start_method() == "spawn":
+    if multiprocessing.get_start_method() != "fork":
         timeout *= SPAWN_SLOWDOWN  # workers start slowly; a lost workload is still caught by the stall
     pending = set(keys)
     states: dict[str, str] = {}
@@ -807,7 +807,7 @@ def terminal_states(executor: Any) -> dict[str, str]:
 def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.01) -> bool:
     import multiprocessing
 
-    if multiprocessing.get_start_method() == "spawn":
+    if multiprocessing.get_start_method() != "fork":
         timeout *= SPAWN_SLOWDOWN
     give_up = time.monotonic() + timeout
     while time.monotonic() < give_up:

@@ -134,6 +134,23 @@ def test_task_process_of_a_killed_worker_is_dead_before_its_key_is_failed(start_
     assert outcome["try1_marks_after_try2_began"] == 0, outcome
 
 
+FORKSERVER_PATCH = "0017-start-localexecutor-workers-as-the-executors-children-under-forkserver.patch"
+
+
+@pytest.mark.fixed_by(FORKSERVER_PATCH)
+def test_under_forkserver_the_task_process_of_a_killed_worker_is_dead_before_its_key_is_failed():
+    # Python 3.14's default start method on Linux. Its workers were the forkserver's children, reaped by
+    # it at once: the executor could not hold a dead worker's pid, so its task process ran on unseen.
+    outcome = run_scenario(
+        kill_worker_running_a_task, start_method="forkserver", deadline=120, own_session=False
+    )
+    assert outcome["failed"] == "failed", outcome
+    assert outcome["task_dead_when_reported"], outcome
+    assert outcome["try1_marks_after_report"] == 0, outcome
+    assert outcome["retry"] == {"task": "success"}, outcome
+    assert outcome["try1_marks_after_try2_began"] == 0, outcome
+
+
 def stop_executor_with_task_processes(how: str) -> dict:
     """``end()`` after tasks that left processes behind, or ``terminate()`` while tasks run."""
     executor = new_executor(2)

@@ -361,6 +361,20 @@ class _HeldOff:
             raise error
 
 
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """
+    The start method workers are started with: the default one, but spawn where it is forkserver.
+
+    Invariant: a worker is this process's child, and stays unreaped until the executor has killed what
+    it started, so its pid, the id of its session, cannot be taken meanwhile. A forkserver's children
+    are the forkserver's, which reaps them at once: what a dead worker started could then run on
+    unseen beside its retry. Spawn starts a fresh interpreter too (and forks nothing of this process
+    but an exec), as a child of this process. (forkserver is Python 3.14's default on Linux.)
+    """
+    method = multiprocessing.get_start_method()
+    return multiprocessing.get_context("spawn" if method == "forkserver" else method)
+
+
 def _spawns_task_processes() -> bool:
     """Whether task-sdk starts task processes with ``posix_spawn``: no at-fork handler runs for those."""
     try:
@@ -1033,7 +1047,7 @@ class LocalExecutor(BaseExecutor):
         output_r, output_w = multiprocessing.Pipe(duplex=False)
         inherited = [input_w, output_r, *self._inputs.values(), *(o.conn for o in self._outputs.values())]
         inherited += [conn for conn in (self._wakeup_r, self._wakeup_w) if conn is not None]
-        p = multiprocessing.Process(
+        p = _worker_context().Process(
             target=_run_worker,
             kwargs={
                 "logger_name": self.log.name,
