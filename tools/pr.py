@@ -75,6 +75,8 @@ class TestRun:
     command: str
     summary: str
     notes: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # node ids pytest reported FAILED or ERROR
+    returncode: int | None = None
 
 
 @dataclass
@@ -233,6 +235,66 @@ def pr_body(
     parts.append("---\n\n" + disclosure(generated_by))
     parts.append("---\n\n" + TEMPLATE_TAIL)
     return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
+
+
+def run_test_files(
+    tree: Path, files: Sequence[str], line: pins.Line = pins.PRIMARY, python: Path | None = None
+) -> TestRun:
+    """Run test files of an Airflow tree (repo layout) with pytest, and say how it went.
+
+    Without ``python``: in the line's venv (``tools.venvs``) with the tree's ``local_executor.py``
+    installed, no database. First as Airflow would (its conftest); if Airflow's test environment
+    is not installed (collection fails), self-contained, with ``--confcutdir`` at the test files."""
+    if not files:
+        return TestRun(False, False, "", "the patch adds or changes no test files")
+    notes = []
+    env = None
+    if python is None:
+        try:
+            from tools import venvs  # the engine's venv helper: the line's pinned env
+
+            python = Path(venvs.ensure(line))
+            venvs.install_executor(python, (tree / pins.REPO_PATH).read_bytes())
+            notes.append(
+                f"apache-airflow-core {line.version} (the {line.name} line's venv) with this branch's "
+                "`local_executor.py`, no database"
+            )
+            env = venvs.test_env(tree / ".lepatch-airflow-home")
+            env.pop("PYTHONPATH", None)  # the clone's tests, not this project's
+        except ImportError:
+            return TestRun(False, False, "", "no test environment: pass --python (tools.venvs is missing)")
+        except Exception as exc:
+            return TestRun(False, False, "", f"could not set up the {line.name} test environment: {exc}")
+    command = [str(python), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *files]
+    shown = "python -m pytest " + " ".join(files)
+    proc = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    if proc.returncode in (2, 3, 4):  # collection or conftest import failed: Airflow's test env is absent
+        notes.append(
+            f"with Airflow's conftest it cannot run here "
+            f"({_last_line(proc.stdout + proc.stderr)[:160]}); "
+            "run self-contained instead (Airflow's own conftest and pytest settings left out)"
+        )
+        here = os.path.commonpath([str(Path(f).parent) for f in files])
+        ini = tree / ".lepatch-pytest.ini"
+        ini.write_text("[pytest]\n")
+        extra = ["-c", str(ini), "--rootdir", str(tree), f"--confcutdir={here}"]
+        command[5:5] = extra
+        shown = f"python -m pytest --confcutdir={here} " + " ".join(files)
+        proc = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+        ini.unlink()
+    summary = _last_line(proc.stdout).strip("= ") or _last_line(proc.stderr)
+    if proc.returncode == 5:
+        return TestRun(False, False, shown, f"no tests collected from {', '.join(files)}", notes)
+    if proc.returncode in (2, 3, 4):
+        return TestRun(False, False, shown, f"cannot run here: {summary[:200]}", notes)
+    failed = [
+        ln.split(" - ", 1)[0] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))
+    ]
+    notes += [f"{ln.split(' ', 1)[0].lower()}: `{ln.split(' ', 1)[1]}`" for ln in failed[:10]]
+    if len(failed) > 10:
+        notes.append(f"... and {len(failed) - 10} more")
+    ids = [ln.split(" ", 1)[1] for ln in failed]
+    return TestRun(True, proc.returncode == 0, shown, summary, notes, ids, proc.returncode)
 
 
 class PrPreparer:
@@ -524,59 +586,7 @@ class PrPreparer:
 
     def run_tests(self, wt: Path, commit: str, line: pins.Line = pins.PRIMARY) -> TestRun:
         """The PR's test files, in the line's venv with the branch's executor installed."""
-        files = self.test_files(wt, commit)
-        if not files:
-            return TestRun(False, False, "", "the patch adds or changes no test files")
-        notes = []
-        python = self.python
-        env = None
-        if python is None:
-            try:
-                from tools import venvs  # the engine's venv helper: the line's pinned env
-
-                python = Path(venvs.ensure(line))
-                venvs.install_executor(python, (wt / pins.REPO_PATH).read_bytes())
-                notes.append(
-                    f"apache-airflow-core {line.version} (the {line.name} line's venv) with this branch's "
-                    "`local_executor.py`, no database"
-                )
-                env = venvs.test_env(wt / ".lepatch-airflow-home")
-                env.pop("PYTHONPATH", None)  # the clone's tests, not this project's
-            except ImportError:
-                return TestRun(
-                    False, False, "", "no test environment: pass --python (tools.venvs is missing)"
-                )
-            except Exception as exc:
-                return TestRun(False, False, "", f"could not set up the {line.name} test environment: {exc}")
-        command = [str(python), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *files]
-        shown = "python -m pytest " + " ".join(files)
-        proc = subprocess.run(command, cwd=wt, env=env, capture_output=True, text=True)
-        if proc.returncode in (2, 3, 4):  # collection or conftest import failed: Airflow's test env is absent
-            notes.append(
-                f"with Airflow's conftest it cannot run here "
-                f"({_last_line(proc.stdout + proc.stderr)[:160]}); "
-                "run self-contained instead (Airflow's own conftest and pytest settings left out)"
-            )
-            here = os.path.commonpath([str(Path(f).parent) for f in files])
-            ini = wt / ".lepatch-pytest.ini"
-            ini.write_text("[pytest]\n")
-            extra = ["-c", str(ini), "--rootdir", str(wt), f"--confcutdir={here}"]
-            command[5:5] = extra
-            shown = f"python -m pytest --confcutdir={here} " + " ".join(files)
-            proc = subprocess.run(command, cwd=wt, env=env, capture_output=True, text=True)
-            ini.unlink()
-        summary = _last_line(proc.stdout).strip("= ") or _last_line(proc.stderr)
-        if proc.returncode == 5:
-            return TestRun(False, False, shown, f"no tests collected from {', '.join(files)}", notes)
-        if proc.returncode in (2, 3, 4):
-            return TestRun(False, False, shown, f"cannot run here: {summary[:200]}", notes)
-        failed = [
-            ln.split(" - ", 1)[0] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))
-        ]
-        notes += [f"{ln.split(' ', 1)[0].lower()}: `{ln.split(' ', 1)[1]}`" for ln in failed[:10]]
-        if len(failed) > 10:
-            notes.append(f"... and {len(failed) - 10} more")
-        return TestRun(True, proc.returncode == 0, shown, summary, notes)
+        return run_test_files(wt, self.test_files(wt, commit), line, self.python)
 
     def report(self, p: Prepared, generated_by: str | None) -> None:
         repo = shlex.quote(str(self.repo))
