@@ -37,7 +37,11 @@ TEST_FIELD = "Regression-Test"
 
 
 class UpstreamPrError(ToolError):
-    """A standalone PR that is missing, malformed or does not apply."""
+    """A standalone PR that is missing, malformed or does not apply (``reason``: the short why)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def line() -> pins.Line:
@@ -104,8 +108,10 @@ def lint(layout: Layout = DEFAULT) -> list[str]:
     return errors
 
 
-def apply_to(patch_path: Path, base: bytes) -> dict[str, bytes]:
-    """The files the patch leaves on a tree holding only ``base`` as the executor; strict, no fuzz."""
+def apply_to(patch_path: Path, base: bytes, label: str | None = None) -> dict[str, bytes]:
+    """The files the patch leaves on a tree holding only ``base`` as the executor; strict, no fuzz.
+
+    ``label`` names ``base`` in the error (default: the pinned base's version)."""
     patch = read_patch(patch_path)
     with tempfile.TemporaryDirectory(prefix="lepatch-upstream-pr-") as tmp:
         root = Path(tmp)
@@ -117,9 +123,10 @@ def apply_to(patch_path: Path, base: bytes) -> dict[str, bytes]:
         except GitError as exc:
             from tools.apply import describe_apply_error
 
+            reason = describe_apply_error(patch, exc.stderr)
             raise UpstreamPrError(
-                f"{patch_path.name}: does not apply to {pins.REPO_PATH} of {line().version}: "
-                f"{describe_apply_error(patch, exc.stderr)}"
+                f"{patch_path.name}: does not apply to {pins.REPO_PATH} of {label or line().version}: {reason}",
+                reason,
             ) from exc
         return {p: (root / p).read_bytes() for p in patch.touched if (root / p).is_file()}
 
@@ -175,7 +182,7 @@ def check(
         try:
             tree = apply_to(path, base)
         except UpstreamPrError as exc:
-            result.applies = str(exc).split(": ", 1)[-1]
+            result.applies = exc.reason
             out.append(result)
             continue
         if run_tests:
