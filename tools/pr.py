@@ -313,9 +313,8 @@ def without_the_fix(run: TestRun, regression: Sequence[str], base: str, line: pi
         others = [t for t in run.failed if t not in regression]
         also = f"; also failed: {', '.join(f'`{t}`' for t in others)}" if others else ""
         return f"{where}, `{run.command}` fails as it should: {run.summary} ({names} failed{also})"
-    return (
-        f"{where}, `{run.command}` did NOT fail as expected: {run.summary}"
-        + (f" ({', '.join(f'`{t}`' for t in missing)} did not fail)" if missing else "")
+    return f"{where}, `{run.command}` did NOT fail as expected: {run.summary}" + (
+        f" ({', '.join(f'`{t}`' for t in missing)} did not fail)" if missing else ""
     )
 
 
@@ -608,7 +607,13 @@ class PrPreparer:
         )
 
     def internals_between(
-        self, wt: Path, commit: str, patch: Path, before: bytes, after: bytes, our_test_files: Mapping[str, bytes]
+        self,
+        wt: Path,
+        commit: str,
+        patch: Path,
+        before: bytes,
+        after: bytes,
+        our_test_files: Mapping[str, bytes],
     ) -> tuple[list[pr_internals.Removed], list[pr_internals.Finding], int]:
         """What going from executor ``before`` to ``after`` removes, and its uses in the clone's tests
         outside the commit (``our_test_files``: the PR's own tests, for equivalents)."""
@@ -761,7 +766,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--standalone",
         metavar="NAME",
-        help="instead of a patch of the series, a standalone PR of patches/upstream-prs/ (number, stem or name)",
+        help="a standalone PR of patches/upstream-prs/ instead of a patch of the series (number, stem, name)",
     )
     parser.add_argument("--repo", type=Path, required=True, help="the Airflow git clone")
     parser.add_argument("--base", default="main", help="branch to start from (default: main)")

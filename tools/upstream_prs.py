@@ -124,10 +124,8 @@ def apply_to(patch_path: Path, base: bytes, label: str | None = None) -> dict[st
             from tools.apply import describe_apply_error
 
             reason = describe_apply_error(patch, exc.stderr)
-            raise UpstreamPrError(
-                f"{patch_path.name}: does not apply to {pins.REPO_PATH} of {label or line().version}: {reason}",
-                reason,
-            ) from exc
+            onto = f"{pins.REPO_PATH} of {label or line().version}"
+            raise UpstreamPrError(f"{patch_path.name}: does not apply to {onto}: {reason}", reason) from exc
         return {p: (root / p).read_bytes() for p in patch.touched if (root / p).is_file()}
 
 
@@ -211,9 +209,14 @@ def _cell(run: TestRun | None) -> str:
 def render(results: Sequence[Checked], version: str) -> str:
     rows = [("standalone PR", "applies", f"{version} unpatched", "with the patch", "")]
     for r in results:
-        rows.append((r.name.removesuffix(".patch"), r.applies, _cell(r.base), _cell(r.fixed), "ok" if r.ok else "!"))
+        rows.append(
+            (r.name.removesuffix(".patch"), r.applies, _cell(r.base), _cell(r.fixed), "ok" if r.ok else "!")
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines = [
+        "  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip()
+        for row in rows
+    ]
     for r in results:
         base_failed = r.base.failed if r.base else []
         for test in r.tests:
@@ -222,7 +225,11 @@ def render(results: Sequence[Checked], version: str) -> str:
         extra = sorted(set(base_failed) - set(r.tests))
         lines += [f"  {r.name[:4]} also fails unpatched (not a Regression-Test): {t}" for t in extra]
         if r.fixed is not None:
-            lines += [f"  {r.name[:4]} with the patch, {n[0].lower()}{n[1:]}" for n in r.fixed.notes if n.startswith(("failed:", "error:"))]
+            lines += [
+                f"  {r.name[:4]} with the patch, {n[0].lower()}{n[1:]}"
+                for n in r.fixed.notes
+                if n.startswith(("failed:", "error:"))
+            ]
     return "\n".join(lines)
 
 
@@ -258,6 +265,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "upstream-prs", help="list the standalone upstream PRs; --check: apply to 3.4.0b2, tests fail/pass"
     )
     p.add_argument("names", nargs="*", help="which (number, stem or file name; default: all)")
-    p.add_argument("--check", action="store_true", help="apply each to the pinned base and run its tests twice")
+    p.add_argument(
+        "--check", action="store_true", help="apply each to the pinned base and run its tests twice"
+    )
     p.add_argument("--python", type=Path, help="run the tests with this interpreter as it is (no venv)")
     p.set_defaults(func=_cmd)

@@ -21,7 +21,7 @@ PYTHON = Path(sys.executable)  # has pytest; the synthetic tests need nothing el
 TEST = "airflow-core/tests/unit/executors/test_local_executor_marker.py"
 MARKED = "    def _marker(self):\n        return True\n\n"
 # A test in the executor's repo layout that reads the executor next to it: fails without the marker.
-TEST_FILE = b'''from __future__ import annotations
+TEST_FILE = b"""from __future__ import annotations
 
 from pathlib import Path
 
@@ -33,14 +33,16 @@ def test_the_executor_has_the_marker():
 
 def test_unrelated():
     assert True
-'''
+"""
 
 
 def git(repo: Path, *args: str) -> str:
     return syn.run("git", *args, cwd=repo)
 
 
-def standalone_patches(root: Path, base: bytes, *, regression: str = f"{TEST}::test_the_executor_has_the_marker") -> Layout:
+def standalone_patches(
+    root: Path, base: bytes, *, regression: str = f"{TEST}::test_the_executor_has_the_marker"
+) -> Layout:
     """A patches/ dir whose upstream-prs/ holds one standalone PR against ``base``: a method and its test."""
     scratch = root / "scratch-standalone"
     scratch.mkdir(parents=True)
@@ -58,7 +60,15 @@ def standalone_patches(root: Path, base: bytes, *, regression: str = f"{TEST}::t
         "Origin: vendor\nBug: https://github.com/apache/airflow/issues/70526\nForwarded: no\n"
         f"Applied-Upstream: no\nLast-Update: 2026-12-03\nRegression-Test: {regression}\n"
     )
-    git(scratch, "commit", "-q", "--author", "LocalExecutor series <series@localexecutor.invalid>", "-m", message)
+    git(
+        scratch,
+        "commit",
+        "-q",
+        "--author",
+        "LocalExecutor series <series@localexecutor.invalid>",
+        "-m",
+        message,
+    )
     out = root / "patches" / "upstream-prs"
     out.mkdir(parents=True)
     names = git(scratch, "format-patch", "--full-index", "--zero-commit", "-o", str(out), "HEAD~1").split()
@@ -81,7 +91,11 @@ def test_real_standalone_prs_lint_clean_and_apply_to_the_pinned_base(bases: dict
         assert set(tree) == set(patch.touched)  # the executor and new test files, nothing of the series
         tests = upstream_prs.regression_tests(patch)
         assert tests and all(t.split("::")[0] in tree for t in tests)
-        assert all(p.startswith("airflow-core/tests/unit/executors/test_local_executor_") for p in tree if "/tests/" in p)
+        assert all(
+            p.startswith("airflow-core/tests/unit/executors/test_local_executor_")
+            for p in tree
+            if "/tests/" in p
+        )
 
 
 def test_real_standalone_prs_as_one_commit_each_on_main(tmp_path: Path, bases: dict[str, bytes]) -> None:
@@ -112,10 +126,14 @@ def test_check_runs_the_tests_without_and_with_the_patch(tmp_path: Path, bases: 
     assert r.base is not None and r.base.returncode == 1 and "1 failed, 1 passed" in r.base.summary
     assert r.fixed is not None and r.fixed.passed
     table = upstream_prs.render(results, "3.4.0b2")
-    assert "FAIL (1 failed, 1 passed" in table and "test_the_executor_has_the_marker: fails unpatched" in table
+    assert (
+        "FAIL (1 failed, 1 passed" in table and "test_the_executor_has_the_marker: fails unpatched" in table
+    )
 
 
-def test_check_is_not_ok_when_the_regression_test_does_not_fail(tmp_path: Path, bases: dict[str, bytes]) -> None:
+def test_check_is_not_ok_when_the_regression_test_does_not_fail(
+    tmp_path: Path, bases: dict[str, bytes]
+) -> None:
     layout = standalone_patches(tmp_path, bases["3.4"], regression=f"{TEST}::test_unrelated")
     (r,) = upstream_prs.check(layout, base=bases["3.4"], python=PYTHON)
     assert not r.ok  # test_unrelated passes unpatched; the failing one is not named
@@ -140,7 +158,10 @@ def test_lint_names_what_is_wrong(tmp_path: Path, bases: dict[str, bytes]) -> No
     (layout.upstream_prs / "0009-stray.patch").write_text("")
     problems = upstream_prs.lint(layout)
     assert any("0009-stray.patch is not listed in" in p for p in problems)
-    assert any("Regression-Test airflow-core/tests/unit/other.py::test_x is not in a test file" in p for p in problems)
+    assert any(
+        "Regression-Test airflow-core/tests/unit/other.py::test_x is not in a test file" in p
+        for p in problems
+    )
 
 
 def test_pr_standalone_shows_the_test_failing_on_main_and_passing_on_the_branch(
@@ -182,7 +203,9 @@ def test_pr_standalone_refuses_a_base_it_does_not_apply_to(tmp_path: Path, bases
     layout = standalone_patches(tmp_path, bases["3.4"])
     repo = syn.make_airflow_repo(tmp_path / "airflow", bases)
     refs = git(repo, "for-each-ref")
-    prep = prmod.PrPreparer(repo, layout=layout, base="v3-3-test", python=PYTHON, out_dir=tmp_path / "pr", out=io.StringIO())
+    prep = prmod.PrPreparer(
+        repo, layout=layout, base="v3-3-test", python=PYTHON, out_dir=tmp_path / "pr", out=io.StringIO()
+    )
     with pytest.raises(prmod.PrError, match=r"does not apply to v3-3-test \(\w+\): hunk #1 at ") as exc:
         prep.prepare_standalone("0001")
     assert "\n" not in str(exc.value)
