@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "tools.overlay_install",
     "tools.backport",
     "tools.pr",
+    "tools.upstream_prs",
     "tools.e2e.cli",
     "tools.model",
 )

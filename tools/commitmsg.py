@@ -28,6 +28,7 @@ DEP3_KEYS = frozenset(
         "upstream-commit",
         "pr-folds",
         "pr-stack-on",
+        "regression-test",
     }
 )
 _FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")

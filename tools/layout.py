@@ -30,6 +30,11 @@ class Layout:
         return self.patches / "resolutions"
 
     @property
+    def upstream_prs(self) -> Path:
+        """Standalone upstream PRs against the pre-release line: not part of the series."""
+        return self.patches / "upstream-prs"
+
+    @property
     def overlay(self) -> Path:
         return self.root / "airflow_overlay"
 

@@ -149,6 +149,21 @@ def tree_with(repo: Path, commit: str, files: Mapping[str, bytes | None]) -> str
         return git("write-tree", cwd=repo, env=env).strip()
 
 
+def ident_env(author: str, date: str) -> dict[str, str]:
+    """git's environment for a commit by ``author`` (``Name <email>``), committed by them at ``date``:
+    the same change gives the same commit id."""
+    m = re.match(r"^\s*(.*?)\s*<([^>]*)>\s*$", author)
+    name, email = (m.group(1), m.group(2)) if m else (author, "")
+    return {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_AUTHOR_DATE": date,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
+        "GIT_COMMITTER_DATE": date,
+    }
+
+
 def overlay_commit(
     repo: Path,
     onto: str,
@@ -163,16 +178,7 @@ def overlay_commit(
 
     ``author`` is ``Name <email>``; committer = author, committer date = ``date``, so the same
     change gives the same id."""
-    m = re.match(r"^\s*(.*?)\s*<([^>]*)>\s*$", author)
-    name, email = (m.group(1), m.group(2)) if m else (author, "")
-    env = {
-        "GIT_AUTHOR_NAME": name,
-        "GIT_AUTHOR_EMAIL": email,
-        "GIT_AUTHOR_DATE": date,
-        "GIT_COMMITTER_NAME": name,
-        "GIT_COMMITTER_EMAIL": email,
-        "GIT_COMMITTER_DATE": date,
-    }
+    env = ident_env(author, date)
     before = tree_with(repo, onto, {p: a for p, (a, _) in change.items()})
     after = tree_with(repo, onto, {p: b for p, (_, b) in change.items()})
     parent = git(

@@ -18,6 +18,11 @@ test files run in the 3.4 line's venv with the branch's ``local_executor.py`` in
 first as Airflow would (its conftest), and if Airflow's test environment is not installed,
 self-contained (``--confcutdir`` at the test directory); the outcome is reported either way.
 
+``prepare_standalone`` (``--standalone N``) does the same for a patch of ``patches/upstream-prs/``
+(``tools.upstream_prs``): a fix written against the 3.4 line's release as it is, independent of
+the series, applied to ``main`` as one commit; its tests run with the branch's executor and, with
+``main``'s, each of its ``Regression-Test:`` ids must fail: the body shows both runs.
+
 The PR body follows Airflow's PR template (what and why, ``closes:``/``related:`` from the
 ``Bug:`` lines, how it was tested, the generative-AI disclosure) and adds what the commit
 contains, every upstream test that uses an internal the PR removes (``tools.pr_internals``)
@@ -40,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from tools import commitmsg, lineform, pins, pr_evidence, pr_internals
+from tools import commitmsg, lineform, pins, pr_evidence, pr_internals, upstream_prs
 from tools.errors import ToolError
 from tools.gitcmd import GitError, git, identity_problem
 from tools.layout import DEFAULT as LAYOUT
@@ -76,6 +81,8 @@ class TestRun:
     command: str
     summary: str
     notes: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # node ids pytest reported FAILED or ERROR
+    returncode: int | None = None
 
 
 @dataclass
@@ -238,6 +245,99 @@ def pr_body(
     return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
 
 
+def run_test_files(
+    tree: Path, files: Sequence[str], line: pins.Line = pins.PRIMARY, python: Path | None = None
+) -> TestRun:
+    """Run test files of an Airflow tree (repo layout) with pytest, and say how it went.
+
+    Without ``python``: in the line's venv (``tools.venvs``) with the tree's ``local_executor.py``
+    installed (and task-sdk's ``supervisor.py``), no database. First as Airflow would (its conftest); if Airflow's test environment
+    is not installed (collection fails), self-contained, with ``--confcutdir`` at the test files."""
+    if not files:
+        return TestRun(False, False, "", "the patch adds or changes no test files")
+    notes = []
+    env = None
+    if python is None:
+        try:
+            from tools import venvs  # the engine's venv helper: the line's pinned env
+
+            python = Path(venvs.ensure(line))
+            branch_files = [f for f in pins.UPSTREAM_FILES if (tree / f.repo_path).is_file()]
+            venvs.install_sources(
+                python, {f.package_path: (tree / f.repo_path).read_bytes() for f in branch_files}
+            )
+            notes.append(
+                f"apache-airflow-core {line.version} and apache-airflow-task-sdk {line.sdk_version} "
+                f"(the {line.name} line's venv) with this branch's "
+                f"{' and '.join(f'`{f.name}`' for f in branch_files)}, no database"
+            )
+            env = venvs.test_env(tree / ".lepatch-airflow-home")
+            env.pop("PYTHONPATH", None)  # the clone's tests, not this project's
+        except ImportError:
+            return TestRun(False, False, "", "no test environment: pass --python (tools.venvs is missing)")
+        except Exception as exc:
+            return TestRun(False, False, "", f"could not set up the {line.name} test environment: {exc}")
+    command = [str(python), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *files]
+    shown = "python -m pytest " + " ".join(files)
+    proc = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    if proc.returncode in (2, 3, 4):  # collection or conftest import failed: Airflow's test env is absent
+        notes.append(
+            f"with Airflow's conftest it cannot run here "
+            f"({_last_line(proc.stdout + proc.stderr)[:160]}); "
+            "run self-contained instead (Airflow's own conftest and pytest settings left out)"
+        )
+        here = os.path.commonpath([str(Path(f).parent) for f in files])
+        ini = tree / ".lepatch-pytest.ini"
+        ini.write_text("[pytest]\n")
+        extra = ["-c", str(ini), "--rootdir", str(tree), f"--confcutdir={here}"]
+        command[5:5] = extra
+        shown = f"python -m pytest --confcutdir={here} " + " ".join(files)
+        proc = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+        ini.unlink()
+    summary = _last_line(proc.stdout).strip("= ") or _last_line(proc.stderr)
+    if proc.returncode == 5:
+        return TestRun(False, False, shown, f"no tests collected from {', '.join(files)}", notes)
+    if proc.returncode in (2, 3, 4):
+        return TestRun(False, False, shown, f"cannot run here: {summary[:200]}", notes)
+    failed = [
+        ln.split(" - ", 1)[0] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))
+    ]
+    notes += [f"{ln.split(' ', 1)[0].lower()}: `{ln.split(' ', 1)[1]}`" for ln in failed[:10]]
+    if len(failed) > 10:
+        notes.append(f"... and {len(failed) - 10} more")
+    ids = [ln.split(" ", 1)[1] for ln in failed]
+    return TestRun(True, proc.returncode == 0, shown, summary, notes, ids, proc.returncode)
+
+
+def without_the_fix(run: TestRun, regression: Sequence[str], base: str, line: pins.Line) -> str:
+    """One line for the body: the PR's tests on the base's executor, where its Regression-Tests fail."""
+    where = f"on `{base}` ({line.version}) without the fix"
+    if not run.ran:
+        return f"{where}: not run: {run.summary}"
+    names = ", ".join(f"`{t.rsplit('::', 1)[-1]}`" for t in regression) or "(no Regression-Test named)"
+    missing = [t for t in regression if t not in run.failed]
+    if run.returncode == 1 and not missing:
+        others = [t for t in run.failed if t not in regression]
+        also = f"; also failed: {', '.join(f'`{t}`' for t in others)}" if others else ""
+        return f"{where}, `{run.command}` fails as it should: {run.summary} ({names} failed{also})"
+    return f"{where}, `{run.command}` did NOT fail as expected: {run.summary}" + (
+        f" ({', '.join(f'`{t}`' for t in missing)} did not fail)" if missing else ""
+    )
+
+
+def standalone_contents(line: pins.Line, base: str, regression: Sequence[str]) -> str:
+    tests = ", ".join(f"`{t.rsplit('/', 1)[-1]}`" for t in regression)
+    return "\n".join(
+        [
+            "### What this PR contains",
+            "",
+            f"One commit on `{base}` ({line.version}): the fix and the test that shows the bug "
+            f"({tests}), in the executor's current design. It fixes this one bug only and depends on no "
+            "other change.",
+        ]
+    )
+
+
 class PrPreparer:
     """Makes the branch, runs the tests, writes the body; tests drive it directly."""
 
@@ -357,14 +457,8 @@ class PrPreparer:
         upstream = [form.names[i - 1] for i in range(1, k) if form.is_upstream(i)]
         return Plan(patch, line, start, k, [f for f in between if f in folds], stack_on, upstream)
 
-    def prepare(
-        self, name: str, *, branch: str | None = None, force: bool = False, run_tests: bool = True
-    ) -> Prepared:
-        patch = self.find_patch(name)
-        if not patch.is_file():
-            raise PrError(f"{patch}: listed in the series but missing")
-        stem = patch.name.removesuffix(".patch")
-        branch = branch or default_branch(patch)
+    def free_branch(self, branch: str, force: bool) -> str:
+        """The branch's commit if it exists (and may be replaced), else ""; refuse otherwise."""
         exists = self.rev(f"refs/heads/{branch}")
         if exists and not force:
             raise PrError(f"{self.repo}: branch {branch} already exists; pass --force to make it again")
@@ -375,6 +469,17 @@ class PrPreparer:
             raise PrError(problem)
         if problem := identity_problem(self.repo):
             raise PrError(problem)
+        return exists
+
+    def prepare(
+        self, name: str, *, branch: str | None = None, force: bool = False, run_tests: bool = True
+    ) -> Prepared:
+        patch = self.find_patch(name)
+        if not patch.is_file():
+            raise PrError(f"{patch}: listed in the series but missing")
+        stem = patch.name.removesuffix(".patch")
+        branch = branch or default_branch(patch)
+        exists = self.free_branch(branch, force)
         plan = self.plan(patch)
         stacked = None
         if plan.stack_on is not None:
@@ -514,12 +619,33 @@ class PrPreparer:
         self, wt: Path, commit: str, plan: Plan, form: lineform.LineForm
     ) -> tuple[list[pr_internals.Removed], list[pr_internals.Finding], int]:
         """What the PR removes, and every use of it in the clone's tests outside the PR."""
-        before = form.stage(plan.start).get(pins.REPO_PATH, b"").decode("utf-8", "replace")
-        after = form.stage(plan.end).get(pins.REPO_PATH, b"").decode("utf-8", "replace")
+        end = form.stage(plan.end)
+        return self.internals_between(
+            wt,
+            commit,
+            plan.patch,
+            form.stage(plan.start).get(pins.REPO_PATH, b""),
+            end.get(pins.REPO_PATH, b""),
+            {p: d for p, d in end.items() if p.startswith(REPO_TESTS_DIR + "/")},
+        )
+
+    def internals_between(
+        self,
+        wt: Path,
+        commit: str,
+        patch: Path,
+        before: bytes,
+        after: bytes,
+        our_test_files: Mapping[str, bytes],
+    ) -> tuple[list[pr_internals.Removed], list[pr_internals.Finding], int]:
+        """What going from executor ``before`` to ``after`` removes, and its uses in the clone's tests
+        outside the commit (``our_test_files``: the PR's own tests, for equivalents)."""
         try:
-            removed = pr_internals.removed_internals(before, after)
+            removed = pr_internals.removed_internals(
+                before.decode("utf-8", "replace"), after.decode("utf-8", "replace")
+            )
         except (SyntaxError, ValueError) as exc:
-            raise PrError(f"{plan.patch}: cannot read the executor it produces: {exc}") from exc
+            raise PrError(f"{patch}: cannot read the executor it produces: {exc}") from exc
         ours = set(git("diff-tree", "--no-commit-id", "--name-only", "-r", commit, cwd=wt).split())
         listed = git("ls-files", "-z", "--", f"{pr_internals.TESTS_ROOT}*.py", cwd=wt).split("\0")
         files = {
@@ -528,9 +654,7 @@ class PrPreparer:
             if rel and rel not in ours and not rel.startswith(REPO_TESTS_DIR + "/")
         }
         hits = pr_internals.scan_tests(files, {r.name for r in removed})
-        our_tests = pr_internals.test_functions(
-            {p: d for p, d in form.stage(plan.end).items() if p.startswith(REPO_TESTS_DIR + "/")}
-        )
+        our_tests = pr_internals.test_functions(dict(our_test_files))
         return removed, pr_internals.findings(removed, hits, our_tests, self.equivalents), len(files)
 
     def test_files(self, wt: Path, commit: str) -> list[str]:
@@ -543,63 +667,87 @@ class PrPreparer:
 
     def run_tests(self, wt: Path, commit: str, line: pins.Line = pins.PRIMARY) -> TestRun:
         """The PR's test files, in the line's venv with the branch's executor installed."""
-        files = self.test_files(wt, commit)
-        if not files:
-            return TestRun(False, False, "", "the patch adds or changes no test files")
-        notes = []
-        python = self.python
-        env = None
-        if python is None:
-            try:
-                from tools import venvs  # the engine's venv helper: the line's pinned env
+        return run_test_files(wt, self.test_files(wt, commit), line, self.python)
 
-                python = Path(venvs.ensure(line))
-                branch_files = [f for f in pins.UPSTREAM_FILES if (wt / f.repo_path).is_file()]
-                venvs.install_sources(
-                    python, {f.package_path: (wt / f.repo_path).read_bytes() for f in branch_files}
-                )
-                notes.append(
-                    f"apache-airflow-core {line.version} and apache-airflow-task-sdk {line.sdk_version} "
-                    f"(the {line.name} line's venv) with this branch's "
-                    f"{' and '.join(f'`{f.name}`' for f in branch_files)}, no database"
-                )
-                env = venvs.test_env(wt / ".lepatch-airflow-home")
-                env.pop("PYTHONPATH", None)  # the clone's tests, not this project's
-            except ImportError:
-                return TestRun(
-                    False, False, "", "no test environment: pass --python (tools.venvs is missing)"
-                )
-            except Exception as exc:
-                return TestRun(False, False, "", f"could not set up the {line.name} test environment: {exc}")
-        command = [str(python), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *files]
-        shown = "python -m pytest " + " ".join(files)
-        proc = subprocess.run(command, cwd=wt, env=env, capture_output=True, text=True)
-        if proc.returncode in (2, 3, 4):  # collection or conftest import failed: Airflow's test env is absent
-            notes.append(
-                f"with Airflow's conftest it cannot run here "
-                f"({_last_line(proc.stdout + proc.stderr)[:160]}); "
-                "run self-contained instead (Airflow's own conftest and pytest settings left out)"
-            )
-            here = os.path.commonpath([str(Path(f).parent) for f in files])
-            ini = wt / ".lepatch-pytest.ini"
-            ini.write_text("[pytest]\n")
-            extra = ["-c", str(ini), "--rootdir", str(wt), f"--confcutdir={here}"]
-            command[5:5] = extra
-            shown = f"python -m pytest --confcutdir={here} " + " ".join(files)
-            proc = subprocess.run(command, cwd=wt, env=env, capture_output=True, text=True)
-            ini.unlink()
-        summary = _last_line(proc.stdout).strip("= ") or _last_line(proc.stderr)
-        if proc.returncode == 5:
-            return TestRun(False, False, shown, f"no tests collected from {', '.join(files)}", notes)
-        if proc.returncode in (2, 3, 4):
-            return TestRun(False, False, shown, f"cannot run here: {summary[:200]}", notes)
-        failed = [
-            ln.split(" - ", 1)[0] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))
+    # ------------------------------------------------------------ standalone PRs
+
+    def prepare_standalone(
+        self, name: str, *, branch: str | None = None, force: bool = False, run_tests: bool = True
+    ) -> Prepared:
+        """A patch of ``patches/upstream-prs/`` as one commit on the base branch (``tools.upstream_prs``).
+
+        The patch is applied as it is (strict, no fuzz), its DEP-3 lines dropped from the message;
+        its tests run with the branch's executor, and its Regression-Tests also with the base's,
+        where they must fail: the body shows both runs."""
+        try:
+            patch = upstream_prs.find(self.layout, name)
+        except upstream_prs.UpstreamPrError as exc:
+            raise PrError(str(exc)) from None
+        if not patch.is_file():
+            raise PrError(f"{patch}: listed in {upstream_prs.LIST_NAME} but missing")
+        branch = branch or default_branch(patch)
+        exists = self.free_branch(branch, force)
+        base_sha = self.resolve(self.base)
+        line = lineform.line_of_branch(self.base) or upstream_prs.line()
+        with tempfile.TemporaryDirectory(prefix="lepatch-pr-") as tmp:
+            wt = Path(tmp) / "wt"
+            self.g("worktree", "add", "--detach", str(wt), base_sha)
+            try:
+                return self._standalone_in(wt, patch, line, branch, base_sha, exists, run_tests)
+            finally:
+                self.g("worktree", "remove", "--force", str(wt), check=False)
+                self.g("worktree", "prune", check=False)
+
+    def _standalone_in(
+        self, wt: Path, patch: Path, line: pins.Line, branch: str, base_sha: str, exists: str, run_tests: bool
+    ) -> Prepared:
+        from tools.apply import describe_apply_error
+
+        header = read_patch(patch)
+        original = f"{header.subject}\n\n{header.message}".strip() + "\n"
+        msg = commitmsg.parse(original)
+        generated_by = self.generated_by
+        if not generated_by and (m := re.search(r"^Generated-by:\s*(.+)$", original, flags=re.M)):
+            generated_by = m.group(1).strip()
+        message = msg.title + (f"\n\n{msg.body}" if msg.body else "") + "\n"
+        try:
+            git("apply", "--index", str(patch.resolve()), cwd=wt, isolated=True)
+        except GitError as exc:
+            raise PrError(
+                f"{patch}: does not apply to {self.base} ({base_sha[:10]}): "
+                f"{describe_apply_error(header, exc.stderr)}; it is written against {line.version}'s "
+                f"{pins.REPO_PATH}"
+            ) from exc
+        env = lineform.ident_env(header.author, header.date)
+        git("commit", "--quiet", "--no-verify", "-m", message, cwd=wt, env=env)
+        commit = git("rev-parse", "HEAD", cwd=wt).strip()
+        before = git("show", f"{base_sha}:{pins.REPO_PATH}", cwd=wt).encode("utf-8", "surrogateescape")
+        after = (wt / pins.REPO_PATH).read_bytes()
+        ours = {p: (wt / p).read_bytes() for p in upstream_prs.test_files(header) if (wt / p).is_file()}
+        removed, found, scanned = self.internals_between(wt, commit, patch, before, after, ours)
+        regression = upstream_prs.regression_tests(header)
+        if run_tests:
+            # Without the fix first: its tests on the base's executor, where each Regression-Test must fail.
+            (wt / pins.REPO_PATH).write_bytes(before)
+            try:
+                unfixed = run_test_files(wt, self.test_files(wt, commit), line, self.python)
+            finally:
+                (wt / pins.REPO_PATH).write_bytes(after)
+            tests = self.run_tests(wt, commit, line)
+            tests.notes.insert(0, without_the_fix(unfixed, regression, self.base, line))
+        else:
+            tests = TestRun(False, False, "", "skipped (--no-test)")
+        self.g("branch", "--force" if exists else "--no-track", branch, commit)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        body_path = self.out_dir / f"{patch.name.removesuffix('.patch')}.md"
+        sections = [
+            standalone_contents(line, self.base, regression),
+            pr_internals.render(removed, found, scanned, REPO_TESTS_DIR),
         ]
-        notes += [f"{ln.split(' ', 1)[0].lower()}: `{ln.split(' ', 1)[1]}`" for ln in failed[:10]]
-        if len(failed) > 10:
-            notes.append(f"... and {len(failed) - 10} more")
-        return TestRun(True, proc.returncode == 0, shown, summary, notes)
+        body_path.write_text(pr_body(msg, tests, generated_by, None, sections))
+        result = Prepared(patch, branch, commit, msg.title, body_path, tests, None, None, found, removed)
+        self.report(result, generated_by)
+        return result
 
     def report(self, p: Prepared, generated_by: str | None) -> None:
         repo = shlex.quote(str(self.repo))
@@ -637,7 +785,12 @@ class PrPreparer:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("patch", help="a patch of the series: file name, stem or number (3)")
+    parser.add_argument("patch", nargs="?", help="a patch of the series: file name, stem or number (3)")
+    parser.add_argument(
+        "--standalone",
+        metavar="NAME",
+        help="a standalone PR of patches/upstream-prs/ instead of a patch of the series (number, stem, name)",
+    )
     parser.add_argument("--repo", type=Path, required=True, help="the Airflow git clone")
     parser.add_argument("--base", default="main", help="branch to start from (default: main)")
     parser.add_argument("--branch", help="name of the branch to make (default: the patch's stem)")
@@ -664,7 +817,14 @@ def run(args: argparse.Namespace) -> int:
             generated_by=args.generated_by,
             out_dir=args.out_dir,
         )
-        result = prep.prepare(args.patch, branch=args.branch, force=args.force, run_tests=args.run_tests)
+        if (args.patch is None) == (args.standalone is None):
+            raise PrError("name a patch of the series or --standalone NAME (one of them)")
+        if args.standalone is not None:
+            result = prep.prepare_standalone(
+                args.standalone, branch=args.branch, force=args.force, run_tests=args.run_tests
+            )
+        else:
+            result = prep.prepare(args.patch, branch=args.branch, force=args.force, run_tests=args.run_tests)
     except ToolError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -319,7 +319,8 @@ def check_applied_upstream(series: Series, statuses: dict[str, list[str]]) -> li
     return errors
 
 
-def _check_fields(p: Patch) -> list[str]:
+def check_fields(p: Patch) -> list[str]:
+    """The header problems of one patch (required fields, their forms, full blob ids)."""
     errors = []
     where = f"patches/{p.name}"
     if not p.subject:
@@ -441,7 +442,7 @@ def lint_series(layout: Layout = DEFAULT) -> list[str]:
             errors.append(f"patches/series lists {name} twice")
         seen.add(name)
     for p in series.ordered():
-        errors.extend(_check_fields(p))
+        errors.extend(check_fields(p))
     errors.extend(check_authors(series))
     if layout.patches.is_dir():
         for path in sorted(layout.patches.glob("*.patch")):
@@ -462,6 +463,9 @@ def lint_series(layout: Layout = DEFAULT) -> list[str]:
             errors.append(f"patches/resolutions/{line_name}/{name} resolves a patch not in patches/series")
         elif not res.files:
             errors.append(f"patches/resolutions/{line_name}/{name} contains no diff")
+    from tools import upstream_prs  # the standalone PRs beside the series share its header rules
+
+    errors += upstream_prs.lint(layout)
     for where, lineno, name in fixed_by_markers(layout, series):
         if name not in seen:
             at = f"{where}:{lineno}" if lineno else where
