@@ -42,13 +42,13 @@ from tools.apply import Engine, Tree
 from tools.errors import ToolError
 from tools.gitcmd import TOOL_IDENT, GitError, git
 from tools.pins import Line
+from tools.series import PORT_MARK
 
 EXECUTOR = pins.EXECUTOR.repo_path
 SUPERVISOR = pins.SUPERVISOR.repo_path
 CODE_PATHS = frozenset(f.repo_path for f in pins.UPSTREAM_FILES)
 
-# What a port leaves for the reviewer. Both are refused in a recorded resolution.
-PORT_MARK = "# PORT:"
+# What a port leaves for the reviewer (tools.series refuses both in a recorded resolution).
 CONFLICT_RE = re.compile(r"^(<{7}|={7}|>{7})(?: |$)", re.M)
 
 ANY, METHOD, FUNCTION = "any", "method", "function"
@@ -58,7 +58,7 @@ ANY, METHOD, FUNCTION = "any", "method", "function"
 class Rule:
     """One API difference: ``pattern`` (a regex) in the primary line's words becomes ``repl``.
 
-    A pattern without a newline is applied line by line, only to lines in ``scope``: ``method``
+    A pattern without a newline (``\\n``) is applied line by line, only to lines in ``scope``: ``method``
     (inside a class), ``function`` (inside a module-level function) or ``any``; one with a
     newline is applied to the whole file (``re.M``)."""
 
@@ -123,6 +123,35 @@ _OLD_WORKLOADS = (
 
 RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
     ("3.3", "3.4"): (
+        # 3.3's three queued dicts are 3.4's executor_queues, one per workload type.
+        Rule(
+            r"^( +)# A valid workload will exist in exactly one of these dicts\.\n"
+            r" +for (\w+) in " + _THREE_QUEUES + r":\n"
+            r" +if \2\.pop\((.+), None\) is not None:\n"
+            r" +return \2\n"
+            r" +raise KeyError\(f\"Workload \{.+\} was not found in any queue\"\)\n",
+            "\\1key = \\3\n\\1\\2 = self.executor_queues[workload.type]\n"
+            "\\1if \\2.pop(key, None) is None:\n"
+            '\\1    raise KeyError(f"Workload {key} was not found in any queue")\n'
+            "\\1return \\2\n",
+            "3.4: a workload waits in executor_queues[workload.type], not in one of three queued dicts",
+        ),
+        # 3.3 pops a workload from whichever of its three queued dicts has it (the base's own code).
+        Rule(
+            r"^( +)# A valid workload will exist in exactly one of these dicts\.\n"
+            r" +# One pop will succeed, the others will return None gracefully\.\n"
+            r" +(\w+) = \(\n"
+            r" +self\.queued_tasks\.pop\((.+), None\)\n"
+            r" +or self\.queued_callbacks\.pop\(\3, None\)\n"
+            r" +or self\.queued_connection_tests\.pop\(\3, None\)\n"
+            r" +\)\n"
+            r" +if not \2:\n"
+            r" +raise KeyError\(f\"Workload \{.+\} was not found in any queue\"\)\n",
+            "\\1\\2 = self.executor_queues[workload.type].pop(key, None)\n"
+            "\\1if not \\2:\n"
+            '\\1    raise KeyError(f"Workload {key} was not found in any queue")\n',
+            "3.4: a workload waits in executor_queues[workload.type], not in one of three queued dicts",
+        ),
         # 3.4's workloads are keyed through the executor: get_workload_key(), a staticmethod-like
         # classmethod, so a module-level function (the worker) calls it on the class.
         Rule(
@@ -142,19 +171,6 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
             "self.get_task_key(ti)",
             "3.4: a task instance's key is self.get_task_key(ti)",
             scope=METHOD,
-        ),
-        # 3.3's three queued dicts are 3.4's executor_queues, one per workload type.
-        Rule(
-            r"^( +)# A valid workload will exist in exactly one of these dicts\.\n"
-            r" +for (\w+) in " + _THREE_QUEUES + r":\n"
-            r" +if \2\.pop\((.+), None\) is not None:\n"
-            r" +return \2\n"
-            r" +raise KeyError\(f\"Workload \{.+\} was not found in any queue\"\)\n",
-            "\\1key = \\3\n\\1\\2 = self.executor_queues[workload.type]\n"
-            "\\1if \\2.pop(key, None) is None:\n"
-            '\\1    raise KeyError(f"Workload {key} was not found in any queue")\n'
-            "\\1return \\2\n",
-            "3.4: a workload waits in executor_queues[workload.type], not in one of three queued dicts",
         ),
         Rule(
             r"\bself\.queued_tasks\b",
@@ -276,7 +292,7 @@ def rewrite(text: str, rules: Iterable[Rule], path: str) -> str:
     for rule in rules:
         if rule.path != path:
             continue
-        if "\n" in rule.pattern:
+        if "\\n" in rule.pattern or "\n" in rule.pattern:
             text = re.sub(rule.pattern, rule.repl, text, flags=re.M)
             continue
         pattern = re.compile(rule.pattern)
