@@ -30,7 +30,7 @@ import re
 import shlex
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,9 @@ class Residue:
     why: str
     path: str = EXECUTOR
 
+
+RuleTable = Mapping[tuple[str, str], Sequence[Rule]]
+ResidueTable = Mapping[tuple[str, str], Sequence[Residue]]
 
 # -- the rules, per (from, to) line pair -------------------------------------------------------------
 # Read off how each recorded resolution differs from its primary patch. A rule is an API difference
@@ -348,7 +351,14 @@ def _diff(repo: Path, *args: str) -> str:
 class Porter:
     """Ports patches of the engine's series from the primary line to ``to``."""
 
-    def __init__(self, engine: Engine, to: Line | str, source: Line | str | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        to: Line | str,
+        source: Line | str | None = None,
+        rules: RuleTable | None = None,
+        residue: ResidueTable | None = None,
+    ):
         self.engine = engine
         self.source = engine.line(source or engine.primary)
         if self.source != engine.primary:
@@ -360,8 +370,8 @@ class Porter:
         if self.to == self.source:
             raise ToolError(f"--to {self.to.name} is the line the patches are written for: nothing to port")
         pair = (self.source.name, self.to.name)
-        self.rules = RULES.get(pair, ())
-        self.residue = RESIDUE.get(pair, ())
+        self.rules: Sequence[Rule] = (RULES if rules is None else rules).get(pair, ())
+        self.residue: Sequence[Residue] = (RESIDUE if residue is None else residue).get(pair, ())
 
     def name_of(self, patch: str) -> str:
         """The series file name for ``patch``: its name, its path, or its number (``7``, ``0007``)."""
@@ -451,16 +461,10 @@ class Porter:
         for path, data in result.files.items():
             if data is None:
                 continue
-            lines = data.decode("utf-8", "surrogateescape").splitlines(keepends=True)
-            for i, ln in enumerate(lines, 1):
-                if CONFLICT_RE.match(ln) and ln.startswith("<"):
-                    result.marks.append(Mark(path, i, "conflict"))
             residue = [r for r in self.residue if r.path == path]
-            if not residue:
-                continue
             old = Counter(parent.get(path, b"").decode("utf-8", "surrogateescape").splitlines(keepends=True))
             out: list[str] = []
-            for ln in lines:
+            for ln in data.decode("utf-8", "surrogateescape").splitlines(keepends=True):
                 why = None
                 if old[ln] > 0:
                     old[ln] -= 1  # a line the line's stage already had: not the port's to mark
@@ -471,6 +475,8 @@ class Porter:
                     out.append(f"{indent}{PORT_MARK} {why}\n")
                     result.marks.append(Mark(path, len(out), f"PORT: {why}"))
                 out.append(ln)
+                if ln.startswith("<<<<<<<") and CONFLICT_RE.match(ln):
+                    result.marks.append(Mark(path, len(out), "conflict"))
             result.files[path] = "".join(out).encode("utf-8", "surrogateescape")
 
 
@@ -542,15 +548,26 @@ class Measure:
         }
 
 
-def measure(engine: Engine, lines: Iterable[str] | None = None) -> list[Measure]:
-    """For every recorded resolution: how many of its hunks porting the primary patch reproduces."""
+def measure(
+    engine: Engine,
+    lines: Iterable[str] | None = None,
+    rules: RuleTable | None = None,
+    residue: ResidueTable | None = None,
+) -> list[Measure]:
+    """For every recorded resolution: how many of its hunks porting the primary patch reproduces.
+
+    A hunk counts when the port's diff against the line's stage k-1 has it byte for byte: its old
+    range, its new length, its function context and every line; only its new start is not compared
+    (it moves with the length of the hunks before it)."""
     wanted = {engine.line(x).name for x in lines} if lines else None
     out: list[Measure] = []
     porters: dict[str, Porter] = {}
     for (line_name, name), res in sorted(engine.series.resolutions.items()):
         if (wanted and line_name not in wanted) or name not in engine.series.patches:
             continue
-        porter = porters.setdefault(line_name, Porter(engine, line_name))
+        if line_name not in porters:
+            porters[line_name] = Porter(engine, line_name, rules=rules, residue=residue)
+        porter = porters[line_name]
         recorded = hunks(res.diff or res.text)
         result = porter.port(name)
         parent = engine.apply_line(porter.to).stage(result.k - 1)
@@ -575,19 +592,25 @@ def measure(engine: Engine, lines: Iterable[str] | None = None) -> list[Measure]
     return out
 
 
+def totals(rows: Iterable[Measure]) -> dict[str, tuple[int, int]]:
+    """Per line, and ``overall``: (hunks reproduced exactly, hunks recorded)."""
+    out: dict[str, tuple[int, int]] = {}
+    for r in rows:
+        for key in (r.line, "overall"):
+            hit, total = out.get(key, (0, 0))
+            out[key] = (hit + r.reproduced, total + r.hunks)
+    return out
+
+
 def render_measure(rows: list[Measure]) -> str:
-    out = [f"{'line':<5} {'patch':<62} {'hunks':>9}  port"]
+    width = max([len("patch"), *(len(r.name) for r in rows)])
+    out = [f"{'line':<5} {'patch':<{width}} {'hunks':>9}  port"]
     for r in rows:
-        out.append(f"{r.line:<5} {r.name:<62} {r.reproduced:>3} of {r.hunks:<3}  {r.how}, {r.marks} mark(s)")
-    by_line: dict[str, list[int]] = {}
-    for r in rows:
-        tot = by_line.setdefault(r.line, [0, 0])
-        tot[0] += r.reproduced
-        tot[1] += r.hunks
-    for line_name, (hit, total) in sorted(by_line.items()):
-        out.append(f"{line_name}: {hit} of {total} hunks reproduced exactly")
-    hit, total = sum(r.reproduced for r in rows), sum(r.hunks for r in rows)
-    out.append(f"overall: {hit} of {total} hunks reproduced exactly")
+        out.append(
+            f"{r.line:<5} {r.name:<{width}} {r.reproduced:>3} of {r.hunks:<3}  {r.how}, {r.marks} mark(s)"
+        )
+    for key, (hit, total) in sorted(totals(rows).items(), key=lambda kv: kv[0] == "overall"):
+        out.append(f"{key}: {hit} of {total} hunks reproduced exactly")
     return "\n".join(out)
 
 
