@@ -30,7 +30,7 @@ import re
 import shlex
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,12 +58,13 @@ ANY, METHOD, FUNCTION = "any", "method", "function"
 class Rule:
     """One API difference: ``pattern`` (a regex) in the primary line's words becomes ``repl``.
 
-    A pattern without a newline (``\\n``) is applied line by line, only to lines in ``scope``: ``method``
-    (inside a class), ``function`` (inside a module-level function) or ``any``; one with a
-    newline is applied to the whole file (``re.M``)."""
+    ``repl`` is a replacement string, or a function of the match where the other line's shape
+    needs the matched lines re-indented. A pattern without a newline (``\\n``) is applied line by
+    line, only to lines in ``scope``: ``method`` (inside a class), ``function`` (inside a
+    module-level function) or ``any``; one with a newline is applied to the whole file (``re.M``)."""
 
     pattern: str
-    repl: str
+    repl: str | Callable[[re.Match[str]], str]
     why: str
     path: str = EXECUTOR
     scope: str = ANY
@@ -90,6 +91,99 @@ _NO_CONNECTION_TESTS = "3.1 and 3.2 have no connection-test workloads (no queued
 # 3.3 looks a workload up in its three queued dicts.
 _THREE_QUEUES = r"\(self\.queued_tasks, self\.queued_callbacks, self\.queued_connection_tests\)"
 _OLD = "3.1/3.2: no ExecutorWorkload; the union is workloads.All of the module imported at the top"
+# 3.3 runs any workload with BaseExecutor.run_workload() and reports the states the workload names;
+# 3.1/3.2 run a task with _execute_work(log, workload[, team_conf]) and report TaskInstanceState (3.2
+# also a callback with _execute_callback() and CallbackState, in a branch of its own). The patches
+# change the report calls (4-tuples with the pid, then _send_result) and add a line after the first
+# and before the others: those are kept, the rest is the line's own shape.
+_RUN_BLOCK = (
+    r"^(?P<i> +)key = workload\.key\n"
+    r"(?P=i)(?P<start>.*)\bworkload\.running_state\b(?P<start_end>.*)\n"
+    r"(?:(?P=i)(?P<after_start>\S.*)\n)?"
+    r"(?P<gap>\n?)"
+    r"(?P=i)try:\n"
+    r"(?P=i)    BaseExecutor\.run_workload\(\n(?:(?P=i)        .*\n)+(?P=i)    \)\n"
+    r"(?:(?P=i)    (?P<before_ok>(?!.*success_state)\S.*)\n)?"
+    r"(?P=i)    (?P<ok>.*)\bworkload\.success_state\b(?P<ok_end>.*)\n"
+    r"(?P=i)except Exception as e:\n"
+    r"(?P=i)    log\.exception\(\"Workload execution failed\.\", workload_type=type\(workload\)\.__name__\)\n"
+    r"(?:(?P=i)    (?P<before_fail>(?!.*failure_state)\S.*)\n)?"
+    r"(?P=i)    (?P<fail>.*)\bworkload\.failure_state\b(?P<fail_end>.*)\n"
+)
+
+
+def _branch(m: re.Match[str], indent: str, states: tuple[str, str, str], run: str, fail_log: str) -> str:
+    """One branch of a 3.1/3.2 worker: the report calls of ``m`` with the line's ``states``."""
+    g = m.groupdict()
+    running, success, failure = states
+    out = [f"{indent}{g['start']}{running}{g['start_end']}\n"]
+    if g["after_start"]:
+        out.append(f"{indent}{g['after_start']}\n")
+    out.append(f"{indent}try:\n{indent}    {run}\n")
+    if g["before_ok"]:
+        out.append(f"{indent}    {g['before_ok']}\n")
+    out.append(f"{indent}    {g['ok']}{success}{g['ok_end']}\n")
+    out.append(f"{indent}except Exception as e:\n{indent}    {fail_log}\n")
+    if g["before_fail"]:
+        out.append(f"{indent}    {g['before_fail']}\n")
+    out.append(f"{indent}    {g['fail']}{failure}{g['fail_end']}\n")
+    return "".join(out)
+
+
+def _run_block_32(m: re.Match[str]) -> str:
+    i = m["i"]
+    task = _branch(
+        m,
+        i + "    ",
+        ("None", "TaskInstanceState.SUCCESS", "TaskInstanceState.FAILED"),
+        "_execute_work(log, workload, team_conf)",
+        'log.exception("Task execution failed.")',
+    )
+    callback = _branch(
+        m,
+        i + "    ",
+        ("CallbackState.RUNNING", "CallbackState.SUCCESS", "CallbackState.FAILED"),
+        "_execute_callback(log, workload, team_conf)",
+        'log.exception("Callback execution failed")',
+    )
+    return (
+        f"{i}key = workload.key\n{i}# Handle different workload types\n"
+        f"{i}if isinstance(workload, workloads.ExecuteTask):\n"
+        f"{i}    # 3.2 reports no running state for a task: say which worker took it.\n{task}\n"
+        f"{i}elif isinstance(workload, workloads.ExecuteCallback):\n{callback}\n"
+        f"{i}else:\n"
+        f'{i}    raise ValueError(f"LocalExecutor does not know how to handle {{type(workload)}}")\n'
+    )
+
+
+def _run_block_31(m: re.Match[str]) -> str:
+    i = m["i"]
+    block = _branch(
+        m,
+        i,
+        ("None", "TaskInstanceState.SUCCESS", "TaskInstanceState.FAILED"),
+        "_execute_work(log, workload)\n",
+        'log.exception("uhoh")',
+    )
+    head, _, rest = block.partition(f"{i}try:\n")
+    return (
+        f'{i}key = None\n{i}if ti := getattr(workload, "ti", None):\n{i}    key = ti.key\n{i}else:\n'
+        f'{i}    raise TypeError(f"Don\'t know how to get ti key from {{type(workload).__name__}}")\n'
+        f"{i}# Say which worker took it: 3.1 reports no running state for a task.\n"
+        f"{head}{m['gap']}{i}try:\n{rest}"
+    )
+
+
+# The line length ruff format keeps to (pyproject.toml), in Airflow as here.
+LINE_LENGTH = 110
+
+
+def _join_if_fits(m: re.Match[str]) -> str:
+    """A call split over three lines, on one when it fits (what ruff format makes of a shorter word)."""
+    joined = f"{m['head']}{m['args']}{m['close']}"
+    return joined if len(joined) <= LINE_LENGTH and not m["args"].endswith(",") else m[0]
+
+
 _OLD_WORKLOADS = (
     # 3.3's workload union is ExecutorWorkload; 3.1/3.2 import the workloads module and call it All.
     Rule(r"^\s*from airflow\.executors\.workloads import ExecutorWorkload\n", "", _OLD),
@@ -110,6 +204,12 @@ _OLD_WORKLOADS = (
         r"\bstate_class_for_key\((\w+)\)\.FAILED\b",
         r"_failed_state(\1)",
         "3.1/3.2: a key's failed state is _failed_state(key) (patch 2), not state_class_for_key(key)",
+    ),
+    # ... which is shorter: a call ruff format split for the longer word is on one line there.
+    Rule(
+        r"^(?P<head> +\S.*\()\n +(?P<args>.*\b_failed_state\(.*)\n +(?P<close>\).*)$",
+        _join_if_fits,
+        "3.1/3.2: _failed_state(key) is shorter, so the call fits on one line",
     ),
     # The supervisor's psutil.Process has no TimeoutExpired attribute before task-sdk 1.3.
     Rule(
@@ -194,6 +294,11 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
         Rule(r"\btrigger_tasks\b", "trigger_workloads", "3.4 renamed BaseExecutor.trigger_tasks"),
     ),
     ("3.3", "3.2"): (
+        Rule(
+            _RUN_BLOCK,
+            _run_block_32,
+            "3.2 runs a task with _execute_work(), a callback with _execute_callback()",
+        ),
         *_OLD_WORKLOADS,
         Rule(
             r"^( +)for (\w+) in " + _THREE_QUEUES + ":$",
@@ -214,6 +319,7 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
         ),
     ),
     ("3.3", "3.1"): (
+        Rule(_RUN_BLOCK, _run_block_31, "3.1 runs a task with _execute_work(log, workload), nothing else"),
         *_OLD_WORKLOADS,
         # 3.1 has no workloads.types: a key is a TaskInstanceKey, a state a TaskInstanceState.
         Rule(
