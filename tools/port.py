@@ -328,6 +328,30 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
             "\\1from airflow.utils.state import TaskInstanceState as WorkloadState",
             "3.1 has no workloads.types: its keys are TaskInstanceKey, its states TaskInstanceState",
         ),
+        # 3.1's result tuples are TaskInstanceStateType, defined in the module, not workloads.types'.
+        Rule(
+            r"^( +)from airflow\.executors\.workloads\.types import WorkloadResultType$",
+            "\\1TaskInstanceStateType = tuple[workloads.TaskInstance, TaskInstanceState, Exception | None]",
+            "3.1 has no workloads.types.WorkloadResultType: its result tuple is TaskInstanceStateType",
+        ),
+        Rule(
+            r"\bWorkloadResultType\b",
+            "TaskInstanceStateType",
+            "3.1 calls the result tuple TaskInstanceStateType",
+        ),
+        # 3.1 has no multi-team executor config: no team_conf for the worker, a fixed process title.
+        Rule(r"^ +team_conf,\n", "", "3.1's worker takes no team_conf"),
+        Rule(r'^ +"team_conf": self\.conf,\n', "", "3.1's worker takes no team_conf"),
+        Rule(
+            r'\bf"\{_get_executor_process_title_prefix\(team_conf\.team_name\)\} ([^{"]*)"',
+            r'"airflow worker -- LocalExecutor: \1"',
+            "3.1's worker process title has no team prefix (and then nothing to format)",
+        ),
+        Rule(
+            r"\{_get_executor_process_title_prefix\(team_conf\.team_name\)\} ",
+            "airflow worker -- LocalExecutor: ",
+            "3.1's worker process title has no team prefix",
+        ),
         # 3.1 runs tasks only, whose workload has no state attributes.
         Rule(r"\bworkload\.running_state\b", "None", "3.1 reports no running state for a task"),
         Rule(r"\bworkload\.success_state\b", "TaskInstanceState.SUCCESS", "3.1: a task succeeds as SUCCESS"),
