@@ -91,6 +91,70 @@ _NO_CONNECTION_TESTS = "3.1 and 3.2 have no connection-test workloads (no queued
 # 3.3 looks a workload up in its three queued dicts.
 _THREE_QUEUES = r"\(self\.queued_tasks, self\.queued_callbacks, self\.queued_connection_tests\)"
 _OLD = "3.1/3.2: no ExecutorWorkload; the union is workloads.All of the module imported at the top"
+# 3.3's _process_workloads pops a workload from whichever of the three queued dicts has it (the
+# base's own code, the pre-image of the patches that change it).
+_POP_FROM_THREE = (
+    r"^( +)# A valid workload will exist in exactly one of these dicts\.\n"
+    r" +# One pop will succeed, the others will return None gracefully\.\n"
+    r" +(\w+) = \(\n"
+    r" +self\.queued_tasks\.pop\((.+), None\)\n"
+    r" +or self\.queued_callbacks\.pop\(\3, None\)\n"
+    r" +or self\.queued_connection_tests\.pop\(\3, None\)\n"
+    r" +\)\n"
+    r" +if not \2:\n"
+    r" +raise KeyError\(f\"Workload \{.+\} was not found in any queue\"\)\n"
+)
+# 3.3's worker as released: it reports the states the workload names, under the workload's key.
+_BASE_RUN_BLOCK = (
+    r"^(?P<gap>\n?)(?P<i> +)if workload\.running_state is not None:\n"
+    r"(?P=i)    output\.put\(\(workload\.key, workload\.running_state, None\)\)\n"
+    r"\n"
+    r"(?P=i)try:\n"
+    r"(?P=i)    BaseExecutor\.run_workload\(\n(?:(?P=i)        .*\n)+(?P=i)    \)\n"
+    r"(?P=i)    output\.put\(\(workload\.key, workload\.success_state, None\)\)\n"
+    r"(?P=i)except Exception as e:\n"
+    r"(?P=i)    log\.exception\(\"Workload execution failed\.\", workload_type=type\(workload\)\.__name__\)\n"
+    r"(?P=i)    output\.put\(\(workload\.key, workload\.failure_state, e\)\)\n"
+)
+_BASE_RUN_32 = (
+    "\\g<gap>\\g<i># Handle different workload types\n"
+    "\\g<i>if isinstance(workload, workloads.ExecuteTask):\n"
+    "\\g<i>    try:\n"
+    "\\g<i>        _execute_work(log, workload, team_conf)\n"
+    "\\g<i>        output.put((workload.ti.key, TaskInstanceState.SUCCESS, None))\n"
+    "\\g<i>    except Exception as e:\n"
+    '\\g<i>        log.exception("Task execution failed.")\n'
+    "\\g<i>        output.put((workload.ti.key, TaskInstanceState.FAILED, e))\n"
+    "\n"
+    "\\g<i>elif isinstance(workload, workloads.ExecuteCallback):\n"
+    "\\g<i>    output.put((workload.callback.id, CallbackState.RUNNING, None))\n"
+    "\\g<i>    try:\n"
+    "\\g<i>        _execute_callback(log, workload, team_conf)\n"
+    "\\g<i>        output.put((workload.callback.id, CallbackState.SUCCESS, None))\n"
+    "\\g<i>    except Exception as e:\n"
+    '\\g<i>        log.exception("Callback execution failed")\n'
+    "\\g<i>        output.put((workload.callback.id, CallbackState.FAILED, e))\n"
+    "\n"
+    "\\g<i>else:\n"
+    '\\g<i>    raise ValueError(f"LocalExecutor does not know how to handle {type(workload)}")\n'
+)
+_BASE_RUN_31 = (
+    "\\g<i>key = None\n"
+    '\\g<i>if ti := getattr(workload, "ti", None):\n'
+    "\\g<i>    key = ti.key\n"
+    "\\g<i>else:\n"
+    '\\g<i>    raise TypeError(f"Don\'t know how to get ti key from {type(workload).__name__}")\n'
+    "\n"
+    "\\g<i>try:\n"
+    "\\g<i>    _execute_work(log, workload)\n"
+    "\n"
+    "\\g<i>    output.put((key, TaskInstanceState.SUCCESS, None))\n"
+    "\\g<i>except Exception as e:\n"
+    '\\g<i>    log.exception("uhoh")\n'
+    "\\g<i>    output.put((key, TaskInstanceState.FAILED, e))\n"
+)
+
+
 # 3.3 runs any workload with BaseExecutor.run_workload() and reports the states the workload names;
 # 3.1/3.2 run a task with _execute_work(log, workload[, team_conf]) and report TaskInstanceState (3.2
 # also a callback with _execute_callback() and CallbackState, in a branch of its own). The patches
@@ -241,15 +305,7 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
         ),
         # 3.3 pops a workload from whichever of its three queued dicts has it (the base's own code).
         Rule(
-            r"^( +)# A valid workload will exist in exactly one of these dicts\.\n"
-            r" +# One pop will succeed, the others will return None gracefully\.\n"
-            r" +(\w+) = \(\n"
-            r" +self\.queued_tasks\.pop\((.+), None\)\n"
-            r" +or self\.queued_callbacks\.pop\(\3, None\)\n"
-            r" +or self\.queued_connection_tests\.pop\(\3, None\)\n"
-            r" +\)\n"
-            r" +if not \2:\n"
-            r" +raise KeyError\(f\"Workload \{.+\} was not found in any queue\"\)\n",
+            _POP_FROM_THREE,
             "\\1\\2 = self.executor_queues[workload.type].pop(key, None)\n"
             "\\1if not \\2:\n"
             '\\1    raise KeyError(f"Workload {key} was not found in any queue")\n',
@@ -295,6 +351,20 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
     ),
     ("3.3", "3.2"): (
         Rule(
+            _BASE_RUN_BLOCK,
+            _BASE_RUN_32,
+            "3.2 runs a task with _execute_work(), a callback with _execute_callback()",
+        ),
+        Rule(
+            _POP_FROM_THREE,
+            "\\1# Remove from appropriate queue based on workload type\n"
+            "\\1if isinstance(workload, workloads.ExecuteTask):\n"
+            "\\1    del self.queued_tasks[workload.ti.key]\n"
+            "\\1elif isinstance(workload, workloads.ExecuteCallback):\n"
+            "\\1    del self.queued_callbacks[workload.callback.id]\n",
+            "3.2 removes a workload from the queued dict of its type",
+        ),
+        Rule(
             _RUN_BLOCK,
             _run_block_32,
             "3.2 runs a task with _execute_work(), a callback with _execute_callback()",
@@ -307,7 +377,7 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
         ),
         # 3.2's BaseExecutor.change_state is annotated with TaskInstanceKey; callbacks' keys pass too.
         Rule(
-            r"^( +)(self\.change_state\(key, .*\))$",
+            r"^( +)(self\.change_state\(key, state, .*remove_running=.*\))$",
             "\\1# 3.2's change_state is annotated for task keys only; it takes callback keys too.\n"
             "\\1\\2  # type: ignore[arg-type]",
             "3.2: change_state() is annotated for task keys only",
@@ -319,6 +389,10 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
         ),
     ),
     ("3.3", "3.1"): (
+        Rule(
+            _BASE_RUN_BLOCK, _BASE_RUN_31, "3.1 runs a task with _execute_work(log, workload), nothing else"
+        ),
+        Rule(_POP_FROM_THREE, "\\1del self.queued_tasks[workload.ti.key]\n", "3.1 queues tasks only"),
         Rule(_RUN_BLOCK, _run_block_31, "3.1 runs a task with _execute_work(log, workload), nothing else"),
         *_OLD_WORKLOADS,
         # 3.1 has no workloads.types: a key is a TaskInstanceKey, a state a TaskInstanceState.
