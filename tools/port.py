@@ -446,7 +446,7 @@ _OLD_RESIDUE = (
         "3.1/3.2 run a task with _execute_work(log, workload[, team_conf]), not run_workload",
     ),
     Residue(r"connection_test|TEST_CONNECTION", _NO_CONNECTION_TESTS),
-    Residue(r"\bstate_class_for_key\b|workloads\.types\b", "3.1/3.2 have no state_class_for_key"),
+    Residue(r"\bstate_class_for_key\b", "3.1/3.2 have no state_class_for_key"),
     Residue(r"\bExecutorWorkload\b|\.key\b(?<!ti\.key)(?<!\)\.key)", "a 3.3 workload word the rules left"),
 )
 
@@ -471,6 +471,7 @@ RESIDUE: dict[tuple[str, str], tuple[Residue, ...]] = {
         *_OLD_RESIDUE,
         Residue(r"\.(?:running|success|failure)_state\b", "3.1's workloads have no state attributes"),
         Residue(r"queued_callbacks|ExecuteCallback|CallbackState", "3.1 runs no callbacks"),
+        Residue(r"\bworkloads\.types\b", "3.1 has no workloads.types (keys are TaskInstanceKey)"),
     ),
 }
 
