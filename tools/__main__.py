@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "tools.apply",
     "tools.faithful",
     "tools.checkout",
+    "tools.port",
     "tools.verify",
     "tools.bench",
     "tools.chaos",

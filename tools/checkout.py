@@ -24,7 +24,7 @@ from tools.apply import Engine, Tree
 from tools.errors import ToolError
 from tools.gitcmd import TOOL_IDENT, GitError, git
 from tools.pins import Line
-from tools.series import Patch, parse_patch, read_series_names
+from tools.series import Patch, parse_patch, read_series_names, unreviewed
 
 BASE_TAG = "lepatch-base"
 FORMAT_PATCH = ("format-patch", "--full-index", "-N", "--no-signature", "--zero-commit")
@@ -282,15 +282,22 @@ def refresh_line(engine: Engine, line: Line, repo: Path) -> RefreshReport:
     report = RefreshReport()
     subjects = [_g(repo, "log", "-1", "--format=%s", c).strip() for c in commits]
     want = [engine.series.patches[n].subject for n in names if n in engine.series.patches]
-    if subjects != want:
+    # why: a checkout of the first k patches (``port``, ``checkout --upto``) records those k; the
+    # resolutions of the later patches stay as they are.
+    if not subjects or subjects != want[: len(subjects)]:
         raise ToolError(
-            f"{repo}: its commits are not the series ({len(commits)} commits, {len(names)} patches, "
-            "or subjects differ); change the series on the primary line, refresh only records resolutions"
+            f"{repo}: its commits are not the series or its first patches ({len(commits)} commits, "
+            f"{len(names)} patches, or subjects differ); change the series on the primary line, refresh "
+            "only records resolutions"
+        )
+    if len(commits) < len(names):
+        report.notes.append(
+            f"the checkout has patches 1-{len(commits)} of {len(names)}: only their resolutions were checked"
         )
     primary = engine.apply_line(engine.primary)
     statuses = [p.status for p in engine.apply_line(line).patches]
     res_dir = engine.layout.resolutions / line.name
-    for k, (commit, name) in enumerate(zip(commits, names, strict=True), 1):
+    for k, (commit, name) in enumerate(zip(commits, names[: len(commits)], strict=True), 1):
         patch = engine.series.patches[name]
         if statuses[k - 1] == engine_mod.UPSTREAM:
             continue  # the line's base carries it: there is nothing to resolve
@@ -312,6 +319,13 @@ def refresh_line(engine: Engine, line: Line, repo: Path) -> RefreshReport:
         target = res_dir / name
         if need:
             text = _g(repo, *FORMAT_PATCH, "--stdout", "-1", commit, "--", *need)
+            marks = unreviewed(text)
+            if marks:
+                raise ToolError(
+                    f"{name} on {line.name}: the commit still adds {len(marks)} place(s) left for review "
+                    f"(first: {marks[0]!r}); fix them, `git -C {shlex.quote(str(repo))} commit -a --amend "
+                    "--no-edit` (or rebase -i), then refresh again"
+                )
             _write_if_changed(target, text.encode(), report, engine.layout.root)
         elif target.exists():
             target.unlink()

@@ -32,6 +32,9 @@ _FIXED_BY_RE = re.compile(
     r"""\bmark\.fixed_by\(\s*(?:patch\s*=\s*)?(?:["']([^"']+)["']|([A-Za-z_][A-Za-z0-9_]*)\s*[,)])"""
 )
 _URL_RE = re.compile(r"^https?://\S+$")
+# What ``python -m tools port`` leaves for a reviewer: a resolution recorded with either is unreviewed.
+PORT_MARK = "# PORT:"
+_UNREVIEWED_RE = re.compile(r"^\+(?:\s*# PORT:|(?:<{7}|={7}|>{7})(?: |$))")
 
 
 @dataclass(frozen=True)
@@ -432,6 +435,11 @@ def _file_section(diff: str, path: str) -> str:
     )
 
 
+def unreviewed(diff: str) -> list[str]:
+    """The lines a diff adds that are a port's marks (``# PORT:``) or conflict markers, stripped."""
+    return [ln[1:].strip() for ln in diff.splitlines() if _UNREVIEWED_RE.match(ln)]
+
+
 def lint_series(layout: Layout = DEFAULT) -> list[str]:
     """Every problem with the series, one line each; empty when the series is sound."""
     series = load_series(layout)
@@ -463,6 +471,10 @@ def lint_series(layout: Layout = DEFAULT) -> list[str]:
             errors.append(f"patches/resolutions/{line_name}/{name} resolves a patch not in patches/series")
         elif not res.files:
             errors.append(f"patches/resolutions/{line_name}/{name} contains no diff")
+        for mark in unreviewed(res.diff or res.text):
+            errors.append(
+                f"patches/resolutions/{line_name}/{name} adds {mark!r}: a place the port left for review"
+            )
     from tools import upstream_prs  # the standalone PRs beside the series share its header rules
 
     errors += upstream_prs.lint(layout)
