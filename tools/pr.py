@@ -251,8 +251,9 @@ def run_test_files(
     """Run test files of an Airflow tree (repo layout) with pytest, and say how it went.
 
     Without ``python``: in the line's venv (``tools.venvs``) with the tree's ``local_executor.py``
-    installed (and task-sdk's ``supervisor.py``), no database. First as Airflow would (its conftest); if Airflow's test environment
-    is not installed (collection fails), self-contained, with ``--confcutdir`` at the test files."""
+    and task-sdk's ``supervisor.py`` installed, no database. First as Airflow would (its conftest);
+    if Airflow's test environment is not installed (collection fails), self-contained, with
+    ``--confcutdir`` at the test files."""
     if not files:
         return TestRun(False, False, "", "the patch adds or changes no test files")
     notes = []
