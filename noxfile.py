@@ -27,6 +27,11 @@ nox.options.sessions = ["apply"]
 nox.options.reuse_venv = "yes"
 
 LINES = [line.name for line in pins.LINES]
+# The lines whose executor tests run under Python 3.12+ as well (Airflow's image defaults to 3.13),
+# with forkserver (3.14's default on Linux) beside fork; spawn runs under the default Python.
+NEWER_PYTHON_LINES = ["3.3", "3.4"]
+NEWER_PYTHON = "py3.12+"
+NEWER_PYTHON_START_METHODS = "fork,forkserver"
 TOOLS_CONSTRAINTS = ROOT / "constraints" / "tools.txt"
 LINT_PATHS = ["tools", "tests", "noxfile.py", "airflow_overlay"]
 # The interpreter running nox: sessions without a venv run the tools with it.
@@ -49,7 +54,7 @@ def apply(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
-@nox.parametrize("line", [*LINES, "tools"])
+@nox.parametrize("line", [*LINES, *(f"{ln}-{NEWER_PYTHON}" for ln in NEWER_PYTHON_LINES), "tools"])
 def tests(session: nox.Session, line: str) -> None:
     """Run the executor and supervisor tests on each line's overlay, and the tooling's (`-- --line 3.2`)."""
     posargs = list(session.posargs)
@@ -59,28 +64,38 @@ def tests(session: nox.Session, line: str) -> None:
         del posargs[at : at + 2]
         if wanted not in (*LINES, "tools"):
             session.error(f"--line {wanted!r}: not a pinned line (one of {', '.join(LINES)}, or tools)")
-        if wanted != line:
+        if wanted != line.split("-")[0]:
             session.skip(f"--line {wanted}")
     record: list[str] = []
+    extra_env: dict[str, str] = {}
+    line, _, newer = line.partition("-")
+    interpreter = None
+    if newer:
+        interpreter = venvs.newer_python()
+        if interpreter is None:
+            session.skip("no Python 3.12+ found (python3.12+ on PATH, or pyenv's versions/)")
+        extra_env["LEPATCH_START_METHODS"] = NEWER_PYTHON_START_METHODS
     try:
         if line == "tools":
             python, paths = venvs.ensure_tools(), ["tests/tools"]
         else:
-            python, paths = venvs.ensure(line), [f.tests_dir for f in pins.UPSTREAM_FILES]
+            python, paths = venvs.ensure(line, python=interpreter), [f.tests_dir for f in pins.UPSTREAM_FILES]
             overlay = {
                 f.package_path: (ROOT / "airflow_overlay" / line / f.package_path).read_bytes()
                 for f in pins.UPSTREAM_FILES
                 if (ROOT / "airflow_overlay" / line / f.package_path).exists()
             }
             venvs.install_sources(python, overlay)
-            # why: verify's final stage is this very code; it reuses what passed here.
-            record = ["-p", "tools.fixed_by_plugin"]
-            record_to = final_record.prepare(line, overlay)
+            # why: verify's final stage is this very code (under the default Python); it reuses what
+            # passed here.
+            if not newer:
+                record = ["-p", "tools.fixed_by_plugin"]
+                record_to = final_record.prepare(line, overlay)
     except (ToolError, OSError) as exc:
         session.error(str(exc))
     has_tests = any(f for p in paths for f in (ROOT / p).rglob("test_*.py"))
     with tempfile.TemporaryDirectory(prefix="lepatch-airflow-home-") as home:
-        env = venvs.test_env(Path(home))
+        env = {**venvs.test_env(Path(home)), **extra_env}
         if record:
             env[RECORD_ENV] = str(record_to)
         session.run(

@@ -115,8 +115,37 @@ def interpreter_for(wheel: Path, python: str | None = None) -> str:
     )
 
 
+def newer_python(minimum: tuple[int, int] = (3, 12)) -> str | None:
+    """A Python >= ``minimum`` to run the tests under as well: ``python3.X`` from PATH that runs (a pyenv
+    shim may not), else pyenv's own installs; the newest found, or None."""
+    found: list[tuple[tuple[int, int], str]] = []
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for minor in range(minimum[1], 16):
+        name = f"python{minimum[0]}.{minor}"
+        candidates = [
+            shutil.which(name),
+            *sorted(str(p) for p in root.glob(f"{minimum[0]}.{minor}.*/bin/{name}")),
+        ]
+        for candidate in filter(None, candidates):
+            try:
+                _python_identity(candidate)
+            except (OSError, subprocess.CalledProcessError):
+                continue
+            found.append(((minimum[0], minor), candidate))
+            break
+    return max(found)[1] if found else None
+
+
+def venv_name(line: Line, python: str | None = None) -> str:
+    """``build/venvs/<name>``: the line's, or ``<line>-py3.13`` for another interpreter than the default."""
+    if python is None:
+        return line.name
+    return f"{line.name}-py{'.'.join(_python_identity(python).split()[0].split('.')[:2])}"
+
+
 def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None) -> Path:
-    """Python of ``build/venvs/<line>`` with the pinned wheel and the test packages; made once."""
+    """Python of ``build/venvs/<line>`` (``<line>-py3.X`` with another ``python``) with the pinned wheel
+    and the test packages; made once."""
     if not isinstance(line, Line):
         line = pins.get_line(line)
     constraints = layout.constraints / f"{line.name}.txt"
@@ -125,6 +154,7 @@ def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None
             f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
         )
     wheel = fetch.ensure_wheel(line, layout)
+    name = venv_name(line, python)
     python = interpreter_for(wheel, python)
     stamp = {
         "python": _python_identity(python),
@@ -132,7 +162,7 @@ def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None
         "constraints_sha256": _file_digest(constraints),
         "packages": list(TEST_PACKAGES),
     }
-    return _make(layout.build / "venvs" / line.name, python, [str(wheel), *TEST_PACKAGES], constraints, stamp)
+    return _make(layout.build / "venvs" / name, python, [str(wheel), *TEST_PACKAGES], constraints, stamp)
 
 
 def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:

@@ -25,6 +25,7 @@ stage, tests that passed in ``nox -s tests`` on the same code and tests are not 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import subprocess
@@ -102,6 +103,14 @@ def expected_outcome(stage: int, fix_index: int, introduced_index: int = 0) -> s
     stages from that patch until the fix, and passes before it too.
     """
     return FAIL if introduced_index <= stage < fix_index else PASS
+
+
+def _tested_file(nodeid: str) -> str:
+    """The installed path of the upstream file a test's directory tests (the executor by default)."""
+    for f in pins.UPSTREAM_FILES:
+        if nodeid.startswith(f.tests_dir + "/"):
+            return f.package_path
+    return pins.PACKAGE_PATH
 
 
 def _marked_lines(record: Path) -> dict[str, list[str]]:
@@ -326,17 +335,23 @@ def _verify_line(
     else:
         plan = plan_stages(fixed_by, introduced_by, series, res.final, upstream)
     plan.update({n: {res.final} & set(stages) for n in elsewhere})
-    # Stage -> the stage already run with byte-identical code (3.4's stages 0-3 are its base).
-    ran: dict[bytes, int] = {}
-    digest = {k: final_record.sources_digest(res.sources(k)) for k in stages}
+    # (upstream file, its sha256) -> the first stage run with it. A test runs the upstream file its
+    # directory tests (the executor's tests replace the task runner: no supervisor runs in them), so on
+    # a stage whose file is byte-identical to one already run (3.4's stages 0-3 are its base; the
+    # executor of the supervisor patch's stage is the stage before's) its outcome is that stage's.
+    ran: dict[tuple[str, bytes], int] = {}
+    digest = {k: {p: hashlib.sha256(d).digest() for p, d in res.sources(k).items()} for k in stages}
     try:
         for k in stages:
             wanted = sorted(n for n, planned in plan.items() if k in planned)
             got = {n: NOT_RUN for n in plan if n not in wanted}
-            same = ran.get(digest[k])
-            if same is not None:
-                done = outcomes[same]
-                got.update({n: done[n] for n in wanted if done.get(n, NOT_RUN) != NOT_RUN})
+            same = None
+            for n in wanted:
+                path = _tested_file(n)
+                earlier = ran.get((path, digest[k].get(path, b"")))
+                if earlier is not None and outcomes[earlier].get(n, NOT_RUN) != NOT_RUN:
+                    got[n] = outcomes[earlier][n]
+                    same = earlier
             if k == res.final and (reused := final_record.passed(name, res.sources(k), layout) & set(wanted)):
                 got.update(dict.fromkeys(reused, PASS))
                 print(
@@ -348,12 +363,13 @@ def _verify_line(
                 if not wanted:
                     why = "no test is decided there"
                 elif same is not None:
-                    why = f"the code of stage {same}, not run again"
+                    why = f"the tested code of stage {same}, not run again"
                 else:
                     why = "nothing left to run"
                 print(f"{name} stage {k}: {why}", file=out, flush=True)
                 continue
-            ran.setdefault(digest[k], k)
+            for path, data in digest[k].items():
+                ran.setdefault((path, data), k)
             started = time.monotonic()
             result, fixed, introduced, error = run_stage(
                 python, res.sources(k), out_dir, f"stage-{k}", select, layout.root, todo

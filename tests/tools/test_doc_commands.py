@@ -91,6 +91,8 @@ def refused(tool: str, args: list[str]) -> str | None:
     """Why a command that parses would still be refused, for the cases a reader copies."""
     if tool == "pr":
         ns = build_parser().parse_args([tool, *args])
+        if ns.patch is None:  # --standalone N: a patch of patches/upstream-prs/, checked by its own tests
+            return None
         names = read_series_names(DEFAULT.series_file)
         match = [n for n in names if n.split("-", 1)[0].lstrip("0") == ns.patch.lstrip("0")]
         if not match:

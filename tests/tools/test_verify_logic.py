@@ -152,3 +152,12 @@ def test_a_bug_of_other_lines_must_pass_here() -> None:
     ev = evaluate({2: {"t::a": "fail"}}, {"t::a": "0002-b.patch"}, SERIES, elsewhere={"t::a"})
     assert not ev.ok
     assert "0002 -" in render("9.1 (9.1.0)", ev, SERIES).splitlines()[1]
+
+
+def test_a_test_is_matched_with_the_upstream_file_its_directory_tests() -> None:
+    """Verify reuses a test's outcome on a stage whose file of that test is unchanged (see _tested_file)."""
+    from tools import pins
+    from tools.verify import _tested_file
+
+    assert _tested_file("tests/supervisor/test_x.py::test_a") == pins.SUPERVISOR.package_path
+    assert _tested_file("tests/executor/test_x.py::test_a[fork]") == pins.EXECUTOR.package_path
