@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "tools.lock",
     "tools.newsfragments",
     "tools.overlay_install",
+    "tools.package",
     "tools.backport",
     "tools.pr",
     "tools.e2e.cli",
