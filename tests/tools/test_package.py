@@ -6,7 +6,6 @@ import ast
 import base64
 import hashlib
 import importlib.util
-import json
 import sys
 import types
 import zipfile
@@ -145,12 +144,16 @@ def test_executor_is_the_overlay_plus_the_two_insertions(wheels, name):
     assert "LocalExecutor" in classes
     # the refusal runs before any airflow import; the worker wrapper is the last _run_worker
     first_airflow = next(
-        n.lineno for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("airflow")
+        n.lineno
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("airflow")
     )
     refuse = next(
         n.lineno
         for n in tree.body
-        if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and ast.unparse(n.value) == "refuse_unverified()"
+        if isinstance(n, ast.Expr)
+        and isinstance(n.value, ast.Call)
+        and ast.unparse(n.value) == "refuse_unverified()"
     )
     assert refuse < first_airflow
     run_worker = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_run_worker"]
@@ -201,9 +204,10 @@ def test_provider_info_lists_the_executor_and_the_options_the_overlay_reads(whee
         assert spec["type"] == "float" and spec["description"]
         assert spec["version_added"] == f"{line.version}.post13"  # patch 13 reads them from config
     # the runtime schema of the line's own core (jsonschema is not at hand: its required keys)
-    with zipfile.ZipFile(fetch.ensure_wheel(line)) as zf:
-        schema = json.loads(zf.read("airflow/provider_info.schema.json"))
+    schema = package.provider_schema(line)
     assert set(schema["required"]) <= set(info)
+    assert schema.get("additionalProperties") is not False  # "versions" is allowed at runtime
+    assert ("cli" in info) == ("cli" in schema["properties"])  # 3.2+: an empty cli list
     option_schema = schema["definitions"]["option"]
     for spec in options.values():
         assert set(option_schema["required"]) <= set(spec)

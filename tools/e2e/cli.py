@@ -148,7 +148,9 @@ def options_from(args: argparse.Namespace) -> Options:
     if compare and args.stage is not None:
         raise ToolError("--stage and --compare-stages exclude each other")
     if args.executor == "package" and (compare or args.stage is not None or args.supervisor is not None):
-        raise ToolError("--executor package runs the full series' wheel: no --stage, --compare-stages or --supervisor")
+        raise ToolError(
+            "--executor package runs the full series' wheel: no --stage, --compare-stages or --supervisor"
+        )
     if args.rounds < 1 or (args.rounds > 1 and not compare):
         raise ToolError("--rounds must be at least 1, and more than 1 only with --compare-stages")
     return Options(
