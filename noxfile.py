@@ -179,6 +179,12 @@ def overlay(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def package(session: nox.Session) -> None:
+    """Build one wheel per line into dist/ (pip install it, [core] executor = its class): `-- --line 3.3`."""
+    run_tools(session, "package", *session.posargs)
+
+
+@nox.session(venv_backend="none")
 def backport(session: nox.Session) -> None:
     """Cherry-pick the series onto an Airflow clone's v3-*-test branches: `-- --repo ../airflow v3-3-test`."""
     run_tools(session, "backport", *session.posargs)

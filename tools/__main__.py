@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "tools.lock",
     "tools.newsfragments",
     "tools.overlay_install",
+    "tools.package",
     "tools.backport",
     "tools.pr",
     "tools.upstream_prs",

@@ -29,7 +29,7 @@ from tools.series import read_patch, read_series_names
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Sessions that are thin wrappers over `python -m tools <same name>`.
-TOOL_SESSIONS = {"apply", "verify", "e2e", "overlay", "backport", "pr", "bench", "chaos", "model"}
+TOOL_SESSIONS = {"apply", "verify", "e2e", "overlay", "package", "backport", "pr", "bench", "chaos", "model"}
 _START = re.compile(r"(?:^|(?<=[\s/]))(nox -s |python3? -m tools )")
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", flags=re.M | re.S)
 

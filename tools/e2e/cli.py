@@ -118,6 +118,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             "e.g. --stage 0 --supervisor full: the unpatched executor with the series' supervisor fix"
         ),
     )
+    p.add_argument(
+        "--executor",
+        choices=("overlay", "package"),
+        default="overlay",
+        help=(
+            "overlay (default): the series' files in place of Airflow's; package: the line's wheel "
+            "(nox -s package) pip-installed into the e2e venv and chosen by AIRFLOW__CORE__EXECUTOR, "
+            "Airflow's own files left the pinned bases"
+        ),
+    )
     p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
 
 
@@ -137,6 +147,10 @@ def options_from(args: argparse.Namespace) -> Options:
     compare = parse_stages(args.compare_stages) if args.compare_stages else []
     if compare and args.stage is not None:
         raise ToolError("--stage and --compare-stages exclude each other")
+    if args.executor == "package" and (compare or args.stage is not None or args.supervisor is not None):
+        raise ToolError(
+            "--executor package runs the full series' wheel: no --stage, --compare-stages or --supervisor"
+        )
     if args.rounds < 1 or (args.rounds > 1 and not compare):
         raise ToolError("--rounds must be at least 1, and more than 1 only with --compare-stages")
     return Options(
@@ -156,6 +170,7 @@ def options_from(args: argparse.Namespace) -> Options:
         trace_loops=args.trace_loops,
         airflow_env=parse_env(args.airflow_env),
         supervisor=parse_supervisor(args.supervisor),
+        executor=args.executor,
     )
 
 

@@ -228,6 +228,10 @@ def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str
         env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = str(opts.min_heartbeat_interval)
     if opts.trace_loops:
         env[looptrace.ENV] = str(home / looptrace.TRACE_FILE)
+    if opts.executor == "package":
+        from tools import package
+
+        env["AIRFLOW__CORE__EXECUTOR"] = package.EXECUTOR_CLASS
     env.update(opts.airflow_env)
     return env
 
@@ -260,6 +264,9 @@ class Options:
     # --supervisor: task-sdk's supervisor.py from this stage (None: the series) whatever the executor's;
     # "" (default): the executor's own stage.
     supervisor: int | str | None = ""
+    # --executor: "overlay" (the files above, in place of Airflow's) or "package" (the line's wheel of
+    # tools.package pip-installed, chosen by [core] executor; Airflow's files stay the bases).
+    executor: str = "overlay"
 
 
 @dataclass
@@ -1040,8 +1047,12 @@ def _stage_session(
     from tools.e2e.venv import resolve_source
 
     workdir.mkdir(parents=True, exist_ok=True)
-    source = resolve_source(opts.line, opts.stage, opts.supervisor)
-    how = venv.install_executor(source)
+    if opts.executor == "package":
+        source = venv.install_package(opts.out / "dist")
+        how = "uv pip install (Airflow's files checked: the pinned bases)"
+    else:
+        source = resolve_source(opts.line, opts.stage, opts.supervisor)
+        how = venv.install_executor(source)
     say(
         f"e2e {opts.line.name} (apache-airflow {opts.line.version}): executor = {source.label}, "
         f"sha256 {source.sha256[:12]}, installed via {how}; db {opts.db}; parallelism {opts.parallelism}"
@@ -1049,11 +1060,16 @@ def _stage_session(
     )
     t_session = time.monotonic()
     runner = ScenarioRunner(opts, venv.path, workdir, pg, say)
-    results = [runner.run(name) for name in opts.scenarios]
+    try:
+        results = [runner.run(name) for name in opts.scenarios]
+    finally:
+        if opts.executor == "package":
+            venv.uninstall_package()
     report = {
         "line": opts.line.name,
         "version": opts.line.version,
         "stage": opts.stage,
+        "executor_kind": opts.executor,
         "executor": {
             "label": source.label,
             "sha256": source.sha256,

@@ -17,6 +17,11 @@ The executor under test is then put in place, with task-sdk's ``supervisor.py`` 
 
 Whatever was installed before is undone first, so the venv always starts from the pinned bases,
 and each installed file's sha256 is checked against the intended source afterwards.
+
+``--executor package`` installs the line's wheel (:mod:`tools.package`, built from the overlay into
+``<out>/dist``) into the venv with pinned bases instead, as an operator would (``uv pip install``
+of the wheel; the stack sets ``AIRFLOW__CORE__EXECUTOR`` to its class), and checks that Airflow's own
+files are still the bases byte for byte. Undoing it is ``uv pip uninstall``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tools import apply, fetch, overlay_install, pins, venvs
+from tools import apply, fetch, overlay_install, package, pins, venvs
 from tools.errors import ToolError
 from tools.layout import DEFAULT as LAYOUT
 from tools.overlay_install import OverlayError, OverlayInstaller, OverlayState
@@ -200,8 +205,40 @@ class AirflowVenv:
                 )
         return how
 
+    def package_installed(self) -> str | None:
+        """The version of the series' wheel installed in the venv, if any."""
+        out = venvs.run_uv("pip", "list", "--format", "json", "--python", str(self.python))
+        found = [d for d in json.loads(out or "[]") if d.get("name") == package.DIST_NAME]
+        return str(found[0]["version"]) if found else None
+
+    def install_package(self, dist: Path) -> ExecutorSource:
+        """The pinned bases, then the line's wheel built afresh into ``dist`` and pip-installed."""
+        bases = self._back_to_base()
+        wheel = package.build(self.line, dist)
+        venvs.run_uv("pip", "install", "--quiet", "--python", str(self.python), str(wheel))
+        self._check_bases(bases, f"after installing {wheel.name}")
+        files, _, _ = stage_sources(self.line, 0)
+        return ExecutorSource(
+            label=f"package {wheel.name} ({package.EXECUTOR_CLASS})",
+            stage=None,
+            data=wheel.read_bytes(),
+            origin=LAYOUT.rel(wheel),
+            sources=files,
+        )
+
+    def uninstall_package(self) -> None:
+        if self.package_installed() is not None:
+            venvs.run_uv("pip", "uninstall", "--quiet", "--python", str(self.python), package.DIST_NAME)
+
+    def _check_bases(self, bases: dict[str, bytes], when: str) -> None:
+        root = venvs.purelib(self.python)
+        for path, data in bases.items():
+            if sha256((root / path).read_bytes()) != sha256(data):
+                raise ToolError(f"{root / path}: not the pinned base {when}")
+
     def _back_to_base(self) -> dict[str, bytes]:
-        """Undo any earlier install (the overlay installer's restore, or a stage copied in)."""
+        """Undo any earlier install (the package, the overlay installer's restore, a stage copied in)."""
+        self.uninstall_package()
         bases, _, _ = stage_sources(self.line, 0)
         installer = OverlayInstaller(self.python, out=io.StringIO())
         st = installer.status()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tools.e2e import cli
+from tools import package
+from tools.e2e import cli, driver
 from tools.e2e.driver import DEFAULT_SCENARIOS, SCENARIOS, Options
 from tools.errors import ToolError
 
@@ -66,3 +69,15 @@ def test_airflow_env_pairs_later_ones_winning() -> None:
         _parse("--airflow-env", "PREFETCH")
     with pytest.raises(ToolError, match=r"not '=1'"):
         _parse("--airflow-env", "=1")
+
+
+def test_executor_package_sets_the_class_and_excludes_stages(tmp_path: Path) -> None:
+    assert _parse().executor == "overlay"
+    assert "AIRFLOW__CORE__EXECUTOR" not in driver.scenario_env(_parse(), "clean", driver.MAIN_DAG, tmp_path)
+    o = _parse("--executor", "package", "--line", "3.2")
+    assert (o.executor, o.line.name, o.stage) == ("package", "3.2", None)
+    env = driver.scenario_env(o, "clean", driver.MAIN_DAG, tmp_path)
+    assert env["AIRFLOW__CORE__EXECUTOR"] == package.EXECUTOR_CLASS
+    for extra in (["--stage", "0"], ["--compare-stages", "0,full"], ["--supervisor", "full"]):
+        with pytest.raises(ToolError, match="--executor package runs the full series' wheel"):
+            _parse("--executor", "package", *extra)
