@@ -361,9 +361,9 @@ class _HeldOff:
             raise error
 
 
-def _worker_context() -> multiprocessing.context.BaseContext:
+def _worker_process() -> type[multiprocessing.Process]:
     """
-    The start method workers are started with: the default one, but spawn where it is forkserver.
+    The class workers are started with: the default start method's, but spawn's where it is forkserver.
 
     Invariant: a worker is this process's child, and stays unreaped until the executor has killed what
     it started, so its pid, the id of its session, cannot be taken meanwhile. A forkserver's children
@@ -371,18 +371,18 @@ def _worker_context() -> multiprocessing.context.BaseContext:
     unseen beside its retry. Spawn starts a fresh interpreter too (and forks nothing of this process
     but an exec), as a child of this process. (forkserver is Python 3.14's default on Linux.)
     """
-    method = multiprocessing.get_start_method()
-    return multiprocessing.get_context("spawn" if method == "forkserver" else method)
+    if multiprocessing.get_start_method() == "forkserver":
+        return cast("type[multiprocessing.Process]", multiprocessing.get_context("spawn").Process)
+    return multiprocessing.Process
 
 
 def _spawns_task_processes() -> bool:
     """Whether task-sdk starts task processes with ``posix_spawn``: no at-fork handler runs for those."""
-    try:
-        # task-sdk 1.4 spawns on macOS and with [core] execute_tasks_new_python_interpreter; before, it forks.
-        from airflow.sdk.execution_time.supervisor import _task_process_uses_exec
-    except ImportError:
-        return False
-    return bool(_task_process_uses_exec())
+    from airflow.sdk.execution_time import supervisor
+
+    # task-sdk 1.4 spawns on macOS and with [core] execute_tasks_new_python_interpreter; before, it forks.
+    uses_exec = getattr(supervisor, "_task_process_uses_exec", None)
+    return bool(uses_exec is not None and uses_exec())
 
 
 def _run_worker(
@@ -1047,7 +1047,7 @@ class LocalExecutor(BaseExecutor):
         output_r, output_w = multiprocessing.Pipe(duplex=False)
         inherited = [input_w, output_r, *self._inputs.values(), *(o.conn for o in self._outputs.values())]
         inherited += [conn for conn in (self._wakeup_r, self._wakeup_w) if conn is not None]
-        p = _worker_context().Process(
+        p = _worker_process()(
             target=_run_worker,
             kwargs={
                 "logger_name": self.log.name,
