@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 from tools import final_record, pins, venvs  # noqa: E402  (stdlib only, importable before any install)
 from tools.errors import ToolError  # noqa: E402
 from tools.fixed_by_plugin import RECORD_ENV  # noqa: E402
+from tools.layout import DEFAULT as LAYOUT  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["apply"]
@@ -80,11 +81,7 @@ def tests(session: nox.Session, line: str) -> None:
             python, paths = venvs.ensure_tools(), ["tests/tools"]
         else:
             python, paths = venvs.ensure(line, python=interpreter), [f.tests_dir for f in pins.UPSTREAM_FILES]
-            overlay = {
-                f.package_path: (ROOT / "airflow_overlay" / line / f.package_path).read_bytes()
-                for f in pins.UPSTREAM_FILES
-                if (ROOT / "airflow_overlay" / line / f.package_path).exists()
-            }
+            overlay = LAYOUT.overlay_files(line)
             venvs.install_sources(python, overlay)
             # why: verify's final stage is this very code (under the default Python); it reuses what
             # passed here.

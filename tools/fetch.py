@@ -130,8 +130,8 @@ def ensure_verified(
     cache.mkdir(parents=True, exist_ok=True)
     # why: a release discover downloaded before it was pinned need not be fetched again; the
     # pin is checked all the same, and a stale download is simply replaced.
-    seen = unpinned_path(version, layout) if distribution == pins.DISTRIBUTION else cache / "-"
-    if seen.is_file():
+    seen = unpinned_path(version, layout) if distribution == pins.DISTRIBUTION else None
+    if seen is not None and seen.is_file():
         if sha256_file(seen) == expected:
             os.replace(seen, target)
             return target

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools import pins
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Airflow repository layout of the executor's tests inside the patches.
@@ -54,6 +56,15 @@ class Layout:
     @property
     def constraints(self) -> Path:
         return self.root / "constraints"
+
+    def overlay_files(self, line: str) -> dict[str, bytes]:
+        """The overlay of ``line`` (``airflow_overlay/<line>/``): its upstream files, by installed path."""
+        root = self.overlay / line
+        return {
+            f.package_path: (root / f.package_path).read_bytes()
+            for f in pins.UPSTREAM_FILES
+            if (root / f.package_path).is_file()
+        }
 
     def rel(self, path: Path) -> str:
         try:

@@ -87,11 +87,7 @@ def stage_sources(line: pins.Line, stage: int | None) -> tuple[dict[str, bytes],
                 f"{LAYOUT.rel(overlay)}: no overlay for line {line.name} yet; "
                 "run `nox -s apply -- --write`, or pass --stage 0 for the unpatched base"
             )
-        files = {
-            f.package_path: (LAYOUT.overlay / line.name / f.package_path).read_bytes()
-            for f in pins.UPSTREAM_FILES
-            if (LAYOUT.overlay / line.name / f.package_path).is_file()
-        }
+        files = LAYOUT.overlay_files(line.name)
         n = series_length()
         what = f"{n} patches" if n is not None else "the series"
         where = LAYOUT.rel(LAYOUT.overlay / line.name)
