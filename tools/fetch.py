@@ -72,6 +72,8 @@ def pip_download(version: str, dest: Path, distribution: str = pins.DISTRIBUTION
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        if "No module named pip" in last:
+            last += " (fetch with a Python that has pip: `python -m tools venv --line tools` fetches every pin)"
         raise ToolError(
             f"cannot download {distribution}=={version}: pip exited {proc.returncode}: {last}\n"
             f"  to reproduce: {' '.join(cmd[:1])} -m pip download --no-deps --only-binary=:all: "
@@ -155,6 +157,11 @@ def ensure_pin(pin: Pin, version: str | None = None, layout: Layout = DEFAULT) -
     version = version or pin.version
     expected = pin.wheel_sha256 if version == pin.version else pin.covers[version]
     return ensure_verified(version, expected, layout, distribution=pin.file.distribution)
+
+
+def ensure_every_pin(layout: Layout = DEFAULT) -> list[Path]:
+    """Every line's pinned wheels in the cache: run it where pip is (the tools' test venv has none)."""
+    return [ensure_pin(pin, layout=layout) for line in pins.LINES for pin in line.pins]
 
 
 def read_source(wheel: Path, package_path: str = pins.PACKAGE_PATH) -> bytes:

@@ -154,19 +154,24 @@ def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None
             f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
         )
     wheel = fetch.ensure_wheel(line, layout)
+    # why every pin's wheel: the venv's task-sdk is then the verified one the supervisor patches
+    # apply to, and it is cached for the tools' tests, whose venv has no pip to download it.
+    wheels = [str(fetch.ensure_pin(pin, layout=layout)) for pin in line.pins]
     name = venv_name(line, python)
     python = interpreter_for(wheel, python)
     stamp = {
         "python": _python_identity(python),
-        "wheel_sha256": line.wheel_sha256,
+        "wheel_sha256": [pin.wheel_sha256 for pin in line.pins],
         "constraints_sha256": _file_digest(constraints),
         "packages": list(TEST_PACKAGES),
     }
-    return _make(layout.build / "venvs" / name, python, [str(wheel), *TEST_PACKAGES], constraints, stamp)
+    return _make(layout.build / "venvs" / name, python, [*wheels, *TEST_PACKAGES], constraints, stamp)
 
 
 def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:
-    """A venv with only pytest and pytest-timeout (tests/tools needs no Airflow)."""
+    """A venv with only pytest and pytest-timeout (tests/tools needs no Airflow), and every pinned
+    wheel in the cache: the tests read the bases from them, and this venv has no pip to fetch one."""
+    fetch.ensure_every_pin(layout)
     python = python or sys.executable
     constraints = layout.constraints / "tools.txt"
     stamp = {
