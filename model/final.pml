@@ -1,5 +1,5 @@
 /*
- * The final stage (patches 8 to 15): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
+ * The final stage (patches 8 to 18): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
  * model/overlay.sha256 (review this model whenever that file changes, then `python -m tools model
  * --rehash`).
  *
@@ -9,18 +9,25 @@
  * first SIGKILLs what the worker started (its session), which touches no pipe or key and is not
  * modelled, then calls _reap_worker, modelled as one step.
  *
- * Two executor threads (patches 10 and 11). The handoff thread (proctype Handoff) is, while it runs,
- * the only writer of workloads: under the executor's lock it reads results (marking a worker idle when
- * its terminal result comes) and sends pending workloads to idle live workers ("_dispatch_pending(
- * spawn=False)"). The scheduler's thread (proctype Executor) changes state only in blocks under the
- * lock with SIGTERM and SIGINT held off ("with self._lock, self._held_off:"), each modelled as one
- * atomic step: it applies results, reaps, starts workers and wakes the thread; it never writes a
- * workload while the thread runs. SIGTERM (up to TERMS times) is handled only in the scheduler's
- * thread and only between its blocks (a held-off one is re-raised right after its block), at any
- * point of its loop, whatever the handoff thread is doing, even part way through a write; then the
- * scheduler calls end(). The prefetch (how many workloads the scheduler hands over, when patch 12
- * closes the room to them, and its size from [local_executor] config, patch 13) is not modelled:
- * all K are handed over in one _process_workloads batch.
+ * One executor thread (patch 18: patches 10 to 17 had a second one, a handoff thread that wrote
+ * workloads while the scheduler slept; patch 18 removes it, with the executor's lock and its wakeup
+ * pipe). The scheduler's thread (proctype Executor) is the only reader of results and the only writer
+ * of workloads, and changes state only in blocks with SIGTERM and SIGINT held off ("with
+ * self._held_off:"): _process_workloads' and _check_workers' (from sync(), so from slots_available and
+ * slots_occupied too, and right after _process_workloads). _check_workers reads and applies results and
+ * reaps the dead (one atomic step), then hands each pending workload to an idle live worker, starting
+ * workers up to parallelism (_dispatch_pending): a step picks the worker and starts the frame, then each
+ * page of it is a step, the workers and the Killer running between them while the scheduler's thread
+ * does nothing else. Such a write waits only for its worker's read: an idle worker's input pipe is
+ * empty (asserted) and the worker writes nothing until it has read the whole frame (W is larger than
+ * the model's pipe, so the write does wait for that read; a real workload is much smaller than a real
+ * pipe); a worker that dies first makes it fail (EPIPE): the workload goes back to the front of
+ * _pending and the worker is reaped. SIGTERM (up to TERMS times) is handled only between the
+ * scheduler's blocks (a held-off one is re-raised right after its block), at any point of its loop but
+ * never part way through a write; then the scheduler calls end(). The prefetch (how many workloads the
+ * scheduler hands over, when patch 12 closes the room to them, its size from [local_executor] config,
+ * patch 13, off by default since patch 18, and the priority order of _pending) is not modelled: all K,
+ * of one priority, are handed over in one _process_workloads batch.
  *
  * Patch 11's start acknowledgement: a worker writes a STARTED frame (ACKF units) as soon as it has
  * forked the task process ("os.register_at_fork(after_in_parent=acknowledge_start)"); a workload whose
@@ -107,10 +114,6 @@ byte outcome[K + 1];
 byte ranby[K + 1];     /* _pid of the worker that started the key */
 byte kills;
 byte terms;
-byte lk;               /* self._lock: 1 while the handoff thread holds it (the scheduler's blocks are atomic) */
-bool woken;            /* a byte in the wakeup pipe */
-bool hstop;            /* self._handoff_stop */
-bool hdone;            /* the handoff thread has returned */
 
 #define SLOTS_USED ((inuse[0] -> 1 : 0) + (N > 1 && inuse[1] -> 1 : 0) + (N > 2 && inuse[2] -> 1 : 0))
 #define IDLE(i) (N > i && inuse[i] && alive[i] && wkey[i] == 0)
@@ -120,7 +123,6 @@ bool hdone;            /* the handoff thread has returned */
 #define READABLE(i) (N > i && inuse[i] && plen[OUT(i)] > 0)
 #define ANYREADABLE (READABLE(0) || READABLE(1) || READABLE(2))
 #define SOMEREADY (REAPABLE(0) || REAPABLE(1) || REAPABLE(2) || ANYREADABLE)
-#define ARRIVED (arr[1] != 0 || (K > 1 && arr[2] != 0) || (K > 2 && arr[3] != 0) || (K > 3 && arr[4] != 0))
 #define ALLENDED ((outcome[1] != NONE) && (K < 2 || outcome[2] != NONE) && (K < 3 || outcome[3] != NONE) \
                   && (K < 4 || outcome[4] != NONE))
 
@@ -315,96 +317,71 @@ inline reap_dead() {
     }
 }
 
-inline start_workers() {
-    /* "self._start_workers(len(self._pending))": "missing = min(wanted - idle, self.parallelism -
-       len(self.workers))"; with fork "self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))" */
-    if
-    :: pqn > IDLES && SLOTS_USED < N ->
-       for (i : 0 .. N - 1) {
+inline dispatch_pending() {
+    /* "self._dispatch_pending()": "while self._pending:" */
+    do
+    :: d_step { pqn == 0 || (!HASIDLE && SLOTS_USED == N) -> w = 0; k = 0 }; break  /* @op executor: _dispatch_pending "if pid is None:" ... "return" (every worker busy) */
+    :: atomic {
+           /* "pid = self._idle_worker()": "if pid not in self._worker_tasks and not _exited(proc): return pid";
+              else "if len(self.workers) >= self.parallelism:" "return None"; with fork
+              "self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))",
+              "return next(pid for pid in self.workers if pid not in before)" */
+           pqn > 0 && (HASIDLE || SLOTS_USED < N) ->
            if
-           :: !inuse[i] -> spawn(i)
-           :: else
-           fi
-       }
-    :: else
-    fi
+           :: HASIDLE -> w = (IDLE(0) -> 0 : (IDLE(1) -> 1 : 2))
+           :: else ->
+              w = (!inuse[0] -> 0 : (!inuse[1] -> 1 : 2));
+              for (i : 0 .. N - 1) {
+                  if
+                  :: !inuse[i] -> spawn(i)
+                  :: else
+                  fi
+              }
+           fi;
+           /* "workload, taken_from = self._pending.popleft()"; "self._worker_tasks[pid] = workload.key";
+              "self._unstarted[pid] = (workload, taken_from)" */
+           k = pq[0];
+           for (i : 1 .. K - 1) { pq[i - 1] = pq[i] }
+           pq[K - 1] = 0; pqn--; wkey[w] = k; unst[w] = ACKON;
+           /* "self._send_workload(pid, workload)": "self._inputs[pid].send_bytes(data)" starts a frame. No
+              cyclic wait: the worker is idle, so it has read all it was sent and waits for more */
+           assert(plen[IN(w)] == 0 && owed[IN(w)] == 0);
+           infr[w]!k; owed[IN(w)] = W; rem = W; i = 0
+       };  /* @op executor: _dispatch_pending "workload, taken_from = self._pending.popleft()" */
+       do  /* @wait executor: _send_workload "self._inputs[pid].send_bytes(data)": the input pipe is full (SIGTERM held off) */
+       :: rem == 0 -> break
+       :: d_step { rem > 0 && !rgone[IN(w)] && WRITABLE(IN(w)) -> pipe_put(IN(w), rem, n); n = 0; owed[IN(w)] = rem }  /* @op executor: _send_workload "self._inputs[pid].send_bytes(data)" writes a page */
+       :: atomic {
+              /* BrokenPipeError: "self.workers[pid].kill()"; "del self._worker_tasks[pid]";
+                 "self._unstarted.pop(pid, None)"; "self._pending.appendleft((workload, taken_from))";
+                 "self._reap_workers([pid])"; "continue" */
+              rem > 0 && rgone[IN(w)] ->
+              if :: alive[w] -> sigkill(w) :: else fi;
+              wkey[w] = 0; unst[w] = false;
+              assert(ranby[k] == 0);  /* back in the deque: never started */
+              for (i : 1 .. K - 1) { pq[K - i] = pq[K - i - 1] }
+              pq[0] = k; pqn++; rem = 0;
+              reap(w);
+              w = 0; i = 0; k = 0; st = 0; n = 0
+          }; break  /* @op executor: _dispatch_pending "self._pending.appendleft((workload, taken_from))"; "self._reap_workers([pid])" */
+       od
+    od
 }
 
 inline check_workers() {
-    /* _check_workers, one block "with self._lock, self._held_off:": "self._read_results()" (_collect,
-       _apply_arrived), reap the dead, then (the handoff thread runs) "elif self._pending:"
-       "self._start_workers(len(self._pending))"; "self._wake_handoff()" */
+    /* _check_workers, one block "with self._held_off:": "self._read_results()" (_collect, _apply_arrived),
+       reap the dead, then "self._dispatch_pending()" */
     atomic {
-        lk == 0;
         collect_all(); apply_arrived();
         reap_dead();
-        if
-        :: pqn > 0 -> start_workers(); woken = true
-        :: else
-        fi;
         i = 0; k = 0; st = 0; n = 0
-    }
-}
-
-/* The handoff thread: "while not self._handoff_stop.is_set():" wait for a result (while a workload is
-   pending) or a wakeup, then under the lock read results and hand pending workloads over. */
-proctype Handoff() {
-    byte w, k, st, i, n, rem;
-    do  /* @wait handoff: _handoff_loop "multiprocessing.connection.wait([*conns, wakeup])" */
-    :: d_step {
-           /* @op handoff: _handoff_loop "with self._lock:" ... "self._collect()" */
-           lk == 0 && (woken || (pqn > 0 && ANYREADABLE)) -> lk = 1; woken = false;
-           if :: !hstop -> collect_all() :: else fi;
-           i = 0
-       };
-       if
-       :: hstop -> lk = 0; break  /* @op handoff: "if self._handoff_stop.is_set(): return" */
-       :: else
-       fi;
-       /* "self._dispatch_pending(spawn=False)": "while self._pending:" */
-       do
-       :: d_step { pqn == 0 || !HASIDLE -> lk = 0; w = 0; k = 0 }; break  /* @op handoff: _dispatch_pending "if pid is None: ... return", releases the lock */
-       :: d_step {
-              /* "pid = self._idle_worker(spawn)": "if pid not in self._worker_tasks and not _exited(proc): return pid" */
-              pqn > 0 && HASIDLE ->
-              w = (IDLE(0) -> 0 : (IDLE(1) -> 1 : 2));
-              /* "workload, taken_from = self._pending.popleft()"; "self._worker_tasks[pid] = workload.key";
-                 "self._unstarted[pid] = (workload, taken_from)" */
-              k = pq[0];
-              for (i : 1 .. K - 1) { pq[i - 1] = pq[i] }
-              pq[K - 1] = 0; pqn--; wkey[w] = k; unst[w] = ACKON;
-              /* _send_workload: "self._inputs[pid].send_bytes(data)" starts a frame */
-              if
-              :: owed[IN(w)] > 0 -> corrupt[IN(w)] = true
-              :: else
-              fi;
-              infr[w]!k; owed[IN(w)] = W; rem = W; i = 0
-          };  /* @op handoff: _dispatch_pending "workload, taken_from = self._pending.popleft()" */
-          do  /* @wait handoff: _send_workload "send_bytes(data)": the input pipe is full (holding the lock) */
-          :: rem == 0 -> break
-          :: d_step { rem > 0 && !rgone[IN(w)] && WRITABLE(IN(w)) -> pipe_put(IN(w), rem, n); n = 0; owed[IN(w)] = rem }  /* @op handoff: _send_workload "self._inputs[pid].send_bytes(data)" writes a page */
-          :: d_step {
-                 /* BrokenPipeError: "self.workers[pid].kill()"; "del self._worker_tasks[pid]";
-                    "self._unstarted.pop(pid, None)"; "if not spawn:" "self._pending.appendleft((workload, taken_from))"; "return" */
-                 rem > 0 && rgone[IN(w)] ->
-                 if :: alive[w] -> sigkill(w) :: else fi;
-                 wkey[w] = 0; unst[w] = false;
-                 assert(ranby[k] == 0);  /* back in the deque: never started */
-                 for (i : 1 .. K - 1) { pq[K - i] = pq[K - i - 1] }
-                 pq[0] = k; pqn++; lk = 0; w = 0; k = 0; i = 0; rem = 0
-             };  /* @op handoff: _dispatch_pending "self._pending.appendleft((workload, taken_from))"; "return" */
-             goto released
-          od
-       od;
-released:
-       skip
-    od;
-    hdone = true  /* @op handoff: the thread has returned */
+    };
+    dispatch_pending()
 }
 
 inline send_pill(w) {
-    /* end(): "self._send_workload(pid, None)" ("with contextlib.suppress(OSError):"); the handoff thread has
-       stopped: nothing else writes */
+    /* end(): "self._send_workload(pid, None)" ("with contextlib.suppress(OSError):"); only the scheduler's
+       thread writes, and none of its writes was cut part way (SIGTERM is held off in its blocks) */
     d_step {
         if
         :: owed[IN(w)] > 0 -> corrupt[IN(w)] = true
@@ -419,28 +396,27 @@ inline send_pill(w) {
     od
 }
 
-/* The scheduler calls sync() every heartbeat: nothing its blocks look at changes until a result or a dead
-   worker is there, a result the handoff thread read waits to be applied, or a pending workload needs a
-   worker started or the thread woken; the model waits for that (or for every other process to be stuck,
-   Promela's timeout). */
-#define SYNC_READY (SOMEREADY || ARRIVED || (pqn > 0 && !woken && (HASIDLE || SLOTS_USED < N)))
+/* The scheduler calls sync() every heartbeat (and slots_available and slots_occupied do, through _refresh
+   "self.sync()"): nothing its blocks look at changes until a result or a dead worker is there, or a
+   pending workload has an idle worker or room to start one; the model waits for that (or for every other
+   process to be stuck, Promela's timeout). */
+#define SYNC_READY (SOMEREADY || (pqn > 0 && (HASIDLE || SLOTS_USED < N)))
 
 active proctype Executor() {
     byte w, k, st, i, n, rem;
-    /* start(): "self._spawn_workers_with_gc_freeze(self.parallelism)"; "self._start_handoff()" */
+    /* start(): "self._spawn_workers_with_gc_freeze(self.parallelism)" */
     atomic {
-        for (i : 0 .. N - 1) { spawn(i) };
-        run Handoff()
+        for (i : 0 .. N - 1) { spawn(i) }
     };
-    /* _process_workloads: "with self._lock, self._held_off:" ... "taken_from = self._take_queued(workload)";
-       "self.running.add(key)"; "self._dispatch_counts[key] = ..."; "self._pending.append((workload, taken_from))" */
+    /* _process_workloads: "with self._held_off:" ... "taken_from = self._take_queued(workload)";
+       "self.running.add(key)"; "self._dispatch_counts[key] = ..."; "self._add_pending(workload, taken_from)"
+       (all of one priority_weight: each goes to the back) */
     d_step {
-        lk == 0;
         for (i : 1 .. K) { dcount[i] = 1; pq[i - 1] = i }
         pqn = K
     };
     if
-    :: terms < TERMS -> terms++; goto sigterm  /* @op executor: SIGTERM: SystemExit right after a "with self._lock, self._held_off:" block */
+    :: terms < TERMS -> terms++; goto sigterm  /* @op executor: SIGTERM: SystemExit right after a "with self._held_off:" block */
     :: true
     fi;
     check_workers();  /* @op executor: _process_workloads "self._check_workers()" */
@@ -448,14 +424,12 @@ active proctype Executor() {
     do  /* @wait executor: sync(): a result or a dead worker */
     :: ALLENDED -> break
     :: !ALLENDED && SYNC_READY -> check_workers()  /* @op executor: sync() "self._check_workers()" */
-    :: terms < TERMS -> terms++; goto sigterm  /* @op executor: SIGTERM: SystemExit between two "with self._lock, self._held_off:" blocks */
+    :: terms < TERMS -> terms++; goto sigterm  /* @op executor: SIGTERM: SystemExit between two "with self._held_off:" blocks */
     :: timeout -> break  /* nothing can move any more: the scheduler stops the executor */
     od;
 sigterm:
-    /* end() starts nothing more: "self._stop_handoff()" first, what is pending is given back below */
-    /* "self._stop_handoff()": "self._handoff_stop.set()"; "self._wake_handoff()"; "thread.join(timeout=1.0)" */
-    hstop = true; woken = true;
-    hdone;  /* @wait executor: end() _stop_handoff "thread.join(timeout=1.0)" */
+    /* end() starts nothing more: "self._stop_dispatching()" first (it touches nothing modelled here), and
+       nothing in end() dispatches: what is pending is given back below */
     /* "for pid in list(self.workers):" */
     for (i : 0 .. N - 1) {
         if
@@ -468,9 +442,9 @@ sigterm:
     :: SLOTS_USED == 0 -> break
     :: SLOTS_USED > 0 && SOMEREADY -> atomic { collect_all(); apply_arrived(); reap_dead() }  /* @op executor: end() "while self.workers:" */
     od;
-    /* finally, "with self._lock, self._held_off:": "self._undo_dispatches([w for w, _ in unsent], [q for _, q in unsent])":
+    /* finally, "with self._held_off:": "self._undo_dispatches([w for w, _ in unsent], [q for _, q in unsent])":
        every workload no worker took: pending when end() began, or put back in the deque when its worker
-       died unstarted after the handoff thread stopped */
+       died unstarted while end() waited */
     atomic {
         for (i : 0 .. K - 1) {
             if

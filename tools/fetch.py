@@ -73,7 +73,7 @@ def pip_download(version: str, dest: Path, distribution: str = pins.DISTRIBUTION
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         if "No module named pip" in last:
-            last += " (fetch with a Python that has pip: `python -m tools venv --line tools` fetches every pin)"
+            last += " (use a Python with pip: `python -m tools venv --line tools` fetches every pin)"
         raise ToolError(
             f"cannot download {distribution}=={version}: pip exited {proc.returncode}: {last}\n"
             f"  to reproduce: {' '.join(cmd[:1])} -m pip download --no-deps --only-binary=:all: "

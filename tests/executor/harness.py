@@ -96,6 +96,9 @@ QUIET_BEFORE_LOOKING = 0.25
 WATCH_INTERVAL = 0.05
 # Set to 1 to start every scenario in a fresh interpreter rather than forking it from the zygote.
 NO_ZYGOTE = "LEPATCH_NO_ZYGOTE"
+# Set to 1 to fail every scenario whose process (the executor's) forked while a thread Airflow started
+# was alive: a child of such a fork may inherit a lock that thread held, held by no one.
+FORK_CHECK = "LEPATCH_FORK_CHECK"
 # Modules the zygote imports for its forks: what every scenario imports, except local_executor itself,
 # which 3.1 and 3.2 read the start method from when it is imported (the scenario sets it first).
 ZYGOTE_PRELOAD = (
@@ -662,7 +665,12 @@ def install_fake_runner() -> None:
 
 
 def make_workload(
-    task_id: str, *, fake: dict[str, Any] | None = None, pad: int = 900, same_ti_as: Any = None
+    task_id: str,
+    *,
+    fake: dict[str, Any] | None = None,
+    pad: int = 900,
+    same_ti_as: Any = None,
+    priority_weight: int = 1,
 ) -> Any:
     """
     A realistic ``ExecuteTask`` (about 1.7 KB pickled with the default ``pad``).
@@ -684,7 +692,7 @@ def make_workload(
         "map_index": -1,
         "pool_slots": 1,
         "queue": "default",
-        "priority_weight": 1,
+        "priority_weight": priority_weight,
         "executor_config": {"fake": fake or {}},
     }
     if "hostname" in ti_fields:
@@ -735,12 +743,52 @@ def queued(executor: Any) -> dict[Any, Any]:
     return tasks
 
 
-def new_executor(parallelism: int) -> Any:
+def new_executor(parallelism: int, prefetch_fraction: float | None = None) -> Any:
+    """A started LocalExecutor; ``prefetch_fraction`` sizes the prefetch room where the stage has one."""
     from airflow.executors.local_executor import LocalExecutor
 
     executor = LocalExecutor(parallelism=parallelism)
+    if prefetch_fraction is not None:
+        executor.prefetch_fraction = prefetch_fraction
     executor.start()
     return executor
+
+
+def airflow_threads() -> list[str]:
+    """The threads besides this one that Airflow's code started (a test's own timers do not count)."""
+    names = []
+    for thread in threading.enumerate():
+        if thread is threading.current_thread():
+            continue
+        target = getattr(thread, "_target", None)
+        module = getattr(target, "__module__", None) or type(thread).__module__
+        if module.startswith("airflow"):
+            names.append(thread.name)
+    return names
+
+
+class ForkRecorder:
+    """Count this process's forks, and keep each one made while a thread Airflow started was alive."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.forks = 0
+        self.with_threads: list[dict[str, Any]] = []
+
+    def before(self) -> None:
+        if os.getpid() != self.pid:  # a worker's own forks (its task processes) are its business
+            return
+        self.forks += 1
+        if names := airflow_threads():
+            stack = traceback.format_stack(limit=10)[:-1]
+            self.with_threads.append({"threads": names, "at": "".join(stack)})
+
+
+def record_forks() -> ForkRecorder:
+    """Record every fork of this process from now on (an at-fork handler stays for good)."""
+    recorder = ForkRecorder()
+    os.register_at_fork(before=recorder.before)
+    return recorder
 
 
 def dispatch(executor: Any, items: Iterable[Any]) -> None:
@@ -823,6 +871,7 @@ def _child_main(request: dict[str, Any]) -> None:
     # 3.1 and 3.2 read the start method when local_executor is imported: set it first.
     multiprocessing.set_start_method(request["start_method"], force=True)
     result_file = Path(request["result_file"])
+    recorder = record_forks() if os.environ.get(FORK_CHECK) == "1" else None
     try:
         install_fake_runner()
         spec = importlib.util.spec_from_file_location("lepatch_scenario", request["module"])
@@ -831,6 +880,12 @@ def _child_main(request: dict[str, Any]) -> None:
         spec.loader.exec_module(module)
         result = getattr(module, request["func"])(**request["kwargs"])
         payload: dict[str, Any] = {"result": result}
+        if recorder is not None and recorder.with_threads:
+            first = recorder.with_threads[0]
+            payload = {
+                "error": f"{len(recorder.with_threads)} of {recorder.forks} forks of the executor's process "
+                f"had {first['threads']} alive ({FORK_CHECK}=1); the first from:\n{first['at']}"
+            }
     except BaseException:
         payload = {"error": traceback.format_exc()}
     result_file.write_text(json.dumps(payload, default=str))

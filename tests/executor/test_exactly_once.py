@@ -348,7 +348,9 @@ def earlier_dispatch_ends_last() -> dict:
         for i in (1, 2)
     ]
     dispatch(executor, after)
-    both_ran = wait_until(lambda: len(os.listdir(after_started)) == 2)
+    # Syncing as the scheduler's loop does: the second may wait in the executor for the earlier
+    # dispatch's worker until its result is read.
+    both_ran = wait_until(lambda: executor.sync() or len(os.listdir(after_started)) == 2)
     Path(after_gate).touch()
     after_states = wait_for_states(executor, [key_of(w) for w in after], timeout=30)
     outcome = {
@@ -425,7 +427,7 @@ def end_while_a_workload_waits() -> dict:
     gate = Path(tempfile.mkdtemp(), "go")
     running = make_workload("running", fake={"started_dir": started_dir, "wait_for": str(gate)})
     waiting = make_workload("waiting", fake={"started_dir": started_dir})
-    dispatch(executor, [running, waiting])  # the second one waits in the prefetch room
+    dispatch(executor, [running, waiting])  # the second one waits in the executor for a worker
     wait_until(lambda: _starts(started_dir).get("running"), timeout=30)
     # The running task ends while end() waits for it, and its worker is free for the waiting one.
     threading.Timer(0.5, gate.touch).start()

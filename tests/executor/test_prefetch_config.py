@@ -54,10 +54,10 @@ def _at_rest(parallelism: int, **options: str) -> int:
 
 def prefetch_off_through_heartbeat() -> dict:
     sizes = {
-        "default": _at_rest(4),
+        "all": _at_rest(4, **{FRACTION: "1"}),
         "half": _at_rest(4, **{FRACTION: "0.5"}),
         "off": _at_rest(4, **{FRACTION: "0"}),
-        "no task is short": _at_rest(4, **{MAX_TASK_SECONDS: "0"}),
+        "no task is short": _at_rest(4, **{FRACTION: "1", MAX_TASK_SECONDS: "0"}),
     }
     os.environ[FRACTION] = "0"
     executor = new_executor(2)
@@ -92,8 +92,8 @@ def prefetch_off_through_heartbeat() -> dict:
 def test_prefetch_fraction_from_config_sizes_the_room(start_method):
     outcome = run_scenario(prefetch_off_through_heartbeat, start_method=start_method, deadline=90)
     assert outcome == {
-        # parallelism 4, and the room: all of it by default, half, none.
-        "at rest": {"default": 8, "half": 6, "off": 4, "no task is short": 4},
+        # parallelism 4, and the room: all of it, half, none.
+        "at rest": {"all": 8, "half": 6, "off": 4, "no task is short": 4},
         # Two running and one queued against parallelism 2: nothing more for the scheduler to queue.
         "while busy": {"started": 2, "left queued": 1, "slots": -1},
         "states": ["success", "success", "success"],
@@ -110,6 +110,7 @@ def _send_long_task(executor) -> tuple[str, Path]:
 
 def room_closing_after_max_task_seconds() -> dict:
     os.environ[MAX_TASK_SECONDS] = "1"
+    os.environ[FRACTION] = "1"
     executor = new_executor(1)
     started_dir, gate = _send_long_task(executor)
     room_while_young = executor.slots_available

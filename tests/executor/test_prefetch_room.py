@@ -54,7 +54,7 @@ def _started(started_dir: str, task_id: str) -> bool:
 
 def revoked_from_the_room_behind_a_long_task() -> dict:
     os.environ["AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT"] = str(QUEUED_TIMEOUT)
-    executor = new_executor(1)
+    executor = new_executor(1, prefetch_fraction=1.0)
     at_rest = executor.slots_available
     started_dir = tempfile.mkdtemp()
     gate = Path(tempfile.mkdtemp(), "go")

@@ -21,7 +21,7 @@ Workers are not left idle between scheduler loops.
 The scheduler reads ``slots_available`` before its ``heartbeat()`` (which is where ``sync()`` reads
 results), and sleeps ``scheduler_idle_sleep_time`` after an idle loop. A slot freed by a result
 nobody has read, or a workload the executor holds while a worker sits idle, then waits for the
-scheduler instead of for a worker.
+scheduler's heartbeat instead of starting when the scheduler first looks at the executor.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def test_freed_slot_is_visible_in_slots_available_before_heartbeat(start_method)
     }
 
 
-def handoff_without_sync() -> dict:
-    executor = new_executor(1)
+def handoff_before_heartbeat() -> dict:
+    executor = new_executor(1, prefetch_fraction=1.0)
     accepted = executor.slots_available
     started_dir = tempfile.mkdtemp()
     gate = Path(tempfile.mkdtemp(), "go")
@@ -94,16 +94,19 @@ def handoff_without_sync() -> dict:
     dispatch(executor, [first, second])
     assert wait_until(lambda: _started(started_dir, "first"), timeout=30), "first never started"
     gate.touch()
-    # No sync(): the scheduler may be asleep. The worker that finished takes the next workload anyway.
-    second_started = wait_until(lambda: _started(started_dir, "second"), timeout=3)
+    # No heartbeat() and no sync(): only what the scheduler's next loop reads first. The worker that
+    # finished takes the workload the executor holds then, before the scheduler queues anything more.
+    second_started = wait_until(
+        lambda: executor.slots_available is not None and _started(started_dir, "second"), timeout=3
+    )
     states = wait_for_states(executor, [key_of(first), key_of(second)], timeout=20)
     executor.end()
     return {"accepted_beyond_parallelism": accepted > 1, "second_started": second_started, "states": states}
 
 
 @pytest.mark.fixed_by(LOOP_PATCH)
-def test_accepted_workload_starts_when_a_worker_finishes_without_sync(start_method):
-    outcome = run_scenario(handoff_without_sync, start_method=start_method, deadline=90)
+def test_accepted_workload_starts_when_a_worker_finishes_before_heartbeat(start_method):
+    outcome = run_scenario(handoff_before_heartbeat, start_method=start_method, deadline=90)
     assert outcome == {
         "accepted_beyond_parallelism": True,
         "second_started": True,
@@ -112,7 +115,7 @@ def test_accepted_workload_starts_when_a_worker_finishes_without_sync(start_meth
 
 
 def short_tasks_beside_a_long_one() -> dict:
-    executor = new_executor(2)
+    executor = new_executor(2, prefetch_fraction=1.0)
     started_dir = tempfile.mkdtemp()
     gate = Path(tempfile.mkdtemp(), "go")
     long = make_workload("long", fake={"started_dir": started_dir, "wait_for": str(gate)})

@@ -49,30 +49,30 @@ are dead, and only then reaps the worker, fails the workload it held and frees i
 never runs a task again while an earlier copy still runs. Until it is reaped, the dead worker keeps
 its pid, so no unrelated process can have that session id; each process is signalled by pidfd.
 
+Every fork happens in a process with one thread: the executor starts no thread, so a worker forked
+to replace a dead one (from the scheduler's thread, in ``sync()``) cannot inherit a lock another thread
+held. Results are read, and workloads written, by the scheduler's thread alone.
+
 Workers are kept busy between scheduler loops. The scheduler reads ``slots_available`` before its
 heartbeat reads results, and sleeps ``scheduler_idle_sleep_time`` after a loop that did nothing, so a
-slot freed by a result nobody has read would wait up to that sleep and one more loop. So:
+slot freed by a result nobody has read would wait up to that sleep and one more loop. So
+``slots_available`` and ``slots_occupied`` first apply every result already waiting in the pipes (read
+without blocking), reap dead workers and hand what waits to the workers that are free: a slot freed by
+now counts in this decision.
 
-- ``slots_available`` and ``slots_occupied`` first apply every result already waiting in the pipes
-  (read without blocking) and reap dead workers: a slot freed by now counts in this decision;
-- the executor accepts ``_prefetch`` workloads beyond ``parallelism`` (``[local_executor]
-  prefetch_fraction`` of it, above 1 too; 0 accepts none) while its tasks are short (``[local_executor]
-  prefetch_max_task_seconds``: none should wait long enough for the scheduler's stuck-in-queued
-  check). They wait in the executor's deque, never in a pipe, and a handoff thread of the executor's
-  process sends one to a worker the moment that worker's terminal result is read, while the scheduler
-  sleeps.
-  Workers still take one workload at a time, so at most ``parallelism`` tasks run. The thread only
-  reads results into ``_arrived`` (marking a worker idle when its terminal result comes) and writes
-  workloads to idle live workers, under ``_lock``; everything that changes what the scheduler sees
-  (``running``, the event buffer, failing a dead worker's key, reaping, starting workers) stays in the
-  scheduler's thread.
+With ``[local_executor] prefetch_fraction`` above 0 (off by default) the executor also accepts that
+fraction of ``parallelism`` beyond it while its tasks are short (``[local_executor]
+prefetch_max_task_seconds``: none should wait long enough for the scheduler's stuck-in-queued check).
+They wait in the executor's deque, highest ``priority_weight`` first, never in a pipe, and go to the
+next worker that is free when the scheduler next reads ``slots_available`` or syncs. Workers still take
+one workload at a time, so at most ``parallelism`` tasks run. The trade: a workload taken early may
+start ahead of a task of higher priority the scheduler had not queued yet.
 
 Every workload is in exactly one place, whenever the scheduler is interrupted:
 
-- while the handoff thread runs, it is the only one that writes workloads, so a signal handler (which
-  raises in the scheduler's thread only) never cuts a write, or the bookkeeping around it, in two; the
-  scheduler's thread holds SIGTERM's and SIGINT's handlers off while it moves a workload or a result
-  from one place to the next (``_HeldOff``), and ``end()`` queues again what no worker took;
+- the scheduler's thread holds SIGTERM's and SIGINT's handlers off while it moves a workload or a
+  result from one place to the next (``_HeldOff``), so a signal handler never cuts a write, or the
+  bookkeeping around it, in two; ``end()`` queues again what no worker took;
 - a worker writes a start acknowledgement (``STARTED``) as soon as it has forked a workload's first
   process (the task process). A task workload whose worker died before that frame was read never had
   a task process (or had it killed with the worker's session before anything is decided): it goes to
@@ -306,9 +306,9 @@ class _HeldOff:
     The scheduler's handlers raise (SystemExit, KeyboardInterrupt) wherever its thread is, and the
     executor's state moves in several steps (a workload leaves its queue, then joins the deque; a result
     leaves its pipe, then is applied). Held off, a signal that comes in between is handled right after
-    the block, with every workload in exactly one place. Used as ``with self._lock, self._held_off:``:
-    the lock's own ``with`` is atomic, and this one's ``__enter__`` undoes itself if a signal comes before
-    the handlers are swapped (after, none can raise). Another thread runs no signal handler: a no-op there.
+    the block, with every workload in exactly one place. ``__enter__`` undoes itself if a signal comes
+    before the handlers are swapped (after, none can raise). Another thread runs no signal handler: a
+    no-op there.
     """
 
     def __init__(self) -> None:
@@ -359,6 +359,11 @@ class _HeldOff:
             signal.raise_signal(signum)  # the scheduler's handler runs at the next bytecode
         if error is not None:
             raise error
+
+
+def _priority_weight(workload: object) -> int:
+    """A task's ``priority_weight``; 0 for what has none (callbacks, connection tests)."""
+    return getattr(getattr(workload, "ti", None), "priority_weight", None) or 0
 
 
 def _worker_process() -> type[multiprocessing.Process]:
@@ -497,14 +502,13 @@ class LocalExecutor(BaseExecutor):
     # Dispatched workloads no worker could take yet, with the executor queue each was taken from.
     _pending: deque[tuple[ExecutorWorkload, dict]]
 
-    #: How many workloads the executor accepts beyond ``parallelism``, as a fraction of it (at least one):
-    #: they wait in the executor and start the moment a worker finishes, even while the scheduler sleeps.
-    #: All of it, because tasks started together tend to end together: with half, the other half of a
-    #: finished wave waited a scheduler loop (30 short tasks at parallelism 8 took 1.08-1.10x the
-    #: unpatched time through a real scheduler on 3.1-3.3; 1.00-1.03x with all of it).
-    #: ``[local_executor] prefetch_fraction`` overrides it when set; 0 there turns the prefetch off (a
-    #: slot per dispatch and no more, as upstream).
-    prefetch_fraction: float = 1.0
+    #: How many workloads the executor accepts beyond ``parallelism``, as a fraction of it (at least one
+    #: when above 0): they wait in the executor, highest priority first, and start as soon as the
+    #: scheduler reads ``slots_available`` or syncs after a worker finished, without waiting for it to
+    #: queue more. Off by default: a workload taken early starts ahead of a higher-priority task the
+    #: scheduler queues after it, and waits in ``queued`` meanwhile. ``[local_executor]
+    #: prefetch_fraction`` sets it.
+    prefetch_fraction: float = 0.0
 
     #: A workload in the prefetch room waits for a busy worker to finish, and the scheduler revokes a task
     #: queued longer than ``[scheduler] task_queued_timeout`` (failing it the third time). So the room takes
@@ -534,14 +538,10 @@ class LocalExecutor(BaseExecutor):
         self._unstarted: dict[int, tuple[ExecutorWorkload, dict]] = {}
         self._redispatched: dict[WorkloadKey, int] = {}
         self._held_off = _HeldOff()
-        # Invariant: the handoff thread and the scheduler's thread touch ``workers``, the pipes,
-        # ``_worker_tasks``, ``_holding``, ``_unstarted``, ``_pending`` and ``_arrived`` only while holding
-        # it; the scheduler's thread holds off its stop signals meanwhile (``_held_off``). Reentrant: reaping
-        # a worker applies its results, which may forget a pending workload.
-        self._lock = threading.RLock()
         # Results read but not applied yet: (pid, key, state, exc, dispatch, released). ``dispatch``: the
         # workload its worker held, if the result is for its key. ``released``: it was its worker's terminal
-        # result for that workload, and the worker was marked idle when it was read.
+        # result for that workload, and the worker was marked idle when it was read. Reaping a worker
+        # applies every result read before its last ones, in the order they came.
         self._arrived: deque[
             tuple[int, WorkloadKey, WorkloadState | None, object, ExecutorWorkload | None, bool]
         ] = deque()
@@ -551,10 +551,7 @@ class LocalExecutor(BaseExecutor):
         self._sent_at: dict[int, float] = {}
         self._run_times: deque[float] = deque(maxlen=1)
         self._long_task_seconds = 0.0  # what counts as long here, decided at start()
-        self._handoff: threading.Thread | None = None
-        self._handoff_stop = threading.Event()
-        self._wakeup_r: Connection | None = None
-        self._wakeup_w: Connection | None = None
+        self._started = False  # slots_available syncs from start() until end() or terminate()
 
         # Resolve the start method at instantiation, not at import: the component CLI entry may have
         # set it via [<component>]/[core] mp_start_method before the executor is created.
@@ -601,7 +598,7 @@ class LocalExecutor(BaseExecutor):
             self._spawn_workers_with_gc_freeze(self.parallelism)
 
         self._prefetch = max(1, round(self.parallelism * fraction)) if fraction else 0
-        self._start_handoff()
+        self._started = True
 
     def _config_number(self, option: str, default: float) -> float:
         """A ``[local_executor]`` option that must be a finite number >= 0; ``default`` when it is not set."""
@@ -634,84 +631,24 @@ class LocalExecutor(BaseExecutor):
 
     def _room(self) -> int:
         """How many workloads the executor accepts beyond ``parallelism`` now (prefetch_max_task_seconds)."""
-        with self._lock:
-            limit = self._long_task_seconds
-            if not self._prefetch or not limit or any(seconds >= limit for seconds in self._run_times):
-                return 0
-            now = time.monotonic()
-            long = sum(1 for pid in self._worker_tasks if now - self._sent_at.get(pid, now - limit) >= limit)
-            # Every worker not held by a long task has its share of the room behind it, which is more
-            # than one workload with a fraction above 1 (rounded up: one long task never closes it).
-            return max(0, -(-self._prefetch * (self.parallelism - long) // self.parallelism))
+        limit = self._long_task_seconds
+        if not self._prefetch or not limit or any(seconds >= limit for seconds in self._run_times):
+            return 0
+        now = time.monotonic()
+        long = sum(1 for pid in self._worker_tasks if now - self._sent_at.get(pid, now - limit) >= limit)
+        # Every worker not held by a long task has its share of the room behind it, which is more
+        # than one workload with a fraction above 1 (rounded up: one long task never closes it).
+        return max(0, -(-self._prefetch * (self.parallelism - long) // self.parallelism))
 
     def _refresh(self) -> None:
-        """Apply the results waiting in the pipes and reap dead workers, so a freed slot counts now."""
-        if self._handoff is not None:
+        """Apply the results waiting in the pipes, reap dead workers and hand what waits to free ones."""
+        if self._started:
             self.sync()
 
-    def _start_handoff(self) -> None:
-        self._handoff_stop.clear()
-        # Non-blocking both ways: waking the thread never waits (a full pipe already means "look again").
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(read_fd, False)
-        os.set_blocking(write_fd, False)
-        self._wakeup_r = multiprocessing.connection.Connection(read_fd, writable=False)
-        self._wakeup_w = multiprocessing.connection.Connection(write_fd, readable=False)
-        self._handoff = threading.Thread(
-            target=self._handoff_loop, name="local-executor-handoff", daemon=True
-        )
-        self._handoff.start()
-
-    def _stop_handoff(self) -> None:
-        """Stop the handoff thread; from then on only the scheduler's thread dispatches (end, terminate)."""
-        thread = self._handoff
-        if thread is None:
-            return
-        self._handoff_stop.set()
-        self._wake_handoff()
-        # Bounded: end() may run in a signal handler that interrupted the scheduler's thread inside
-        # ``_lock``, which the thread may be waiting for; it checks the stop flag first thing once it has
-        # the lock, so it never touches the executor again either way.
-        thread.join(timeout=1.0)
-        self._handoff = None
+    def _stop_dispatching(self) -> None:
+        """From here on nothing is taken beyond ``parallelism`` and ``slots_available`` reads nothing."""
+        self._started = False
         self._prefetch = 0
-        for conn in (self._wakeup_r, self._wakeup_w):
-            if conn is not None:
-                conn.close()
-        self._wakeup_r = self._wakeup_w = None
-
-    def _wake_handoff(self) -> None:
-        """Make the handoff thread look again (a workload waits, or the set of workers changed)."""
-        if self._handoff is not None and self._wakeup_w is not None:
-            with contextlib.suppress(BlockingIOError, OSError):
-                os.write(self._wakeup_w.fileno(), b"\0")
-
-    def _handoff_loop(self) -> None:
-        """
-        While a workload is pending, wait for results and give it to the first worker whose terminal result
-        is read. With nothing pending, only wait to be woken: the scheduler's thread reads results then.
-        """
-        wakeup = self._wakeup_r
-        if wakeup is None:
-            return
-        while not self._handoff_stop.is_set():
-            with self._lock:
-                conns = [o.conn for o in self._outputs.values() if not o.eof] if self._pending else []
-            # A pipe closed meanwhile (its worker was reaped) raises: look again.
-            with contextlib.suppress(OSError, ValueError):
-                multiprocessing.connection.wait([*conns, wakeup])
-            with self._lock:
-                if self._handoff_stop.is_set():
-                    return
-                with contextlib.suppress(BlockingIOError, OSError):
-                    while os.read(wakeup.fileno(), 4096):
-                        pass
-                try:
-                    self._collect()
-                    self._dispatch_pending(spawn=False)
-                except Exception:
-                    # Nothing is lost: what was not handed over is still pending for the scheduler's thread.
-                    self.log.exception("LocalExecutor handoff failed; pending workloads wait for sync()")
 
     def _collect(self, pids: Collection[int] | None = None) -> None:
         """Read every complete result waiting (never blocking); a terminal one makes its worker idle."""
@@ -757,21 +694,13 @@ class LocalExecutor(BaseExecutor):
 
     def _check_workers(self):
         """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
-        with self._lock, self._held_off:
+        with self._held_off:
             self._read_results()
             # waitid, not the sentinel or EOF: a task process the worker forked keeps both open after the
             # worker itself is gone.
             if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
                 self._reap_workers(dead)
-            if self._handoff is None:
-                self._dispatch_pending()
-            elif self._pending:
-                # Invariant: while the handoff thread runs, only it writes workloads. A signal handler
-                # raises only in this thread (SystemExit from the scheduler's SIGTERM handler), so no
-                # write is ever interrupted part way or after its last byte, and the thread's bookkeeping
-                # around a write is never cut in two. This thread only starts the workers it needs.
-                self._start_workers(len(self._pending))
-                self._wake_handoff()
+            self._dispatch_pending()
 
     #: Seconds ``_kill_left_behind()`` waits for the SIGKILLed processes of a dead worker to die before it
     #: gives up on them (a process in uninterruptible sleep dies only once it wakes).
@@ -955,15 +884,10 @@ class LocalExecutor(BaseExecutor):
             key, state_class_for_key(key).FAILED, f"LocalExecutor worker pid={pid} died", dispatch, pid
         )
 
-    def _dispatch_pending(self, spawn: bool = True) -> None:
-        """
-        Send each pending workload to an idle worker, starting workers up to ``parallelism``.
-
-        The handoff thread passes ``spawn=False``: it neither starts nor reaps workers, and a workload it
-        cannot send goes back to the front of the deque, for the scheduler's thread to deal with.
-        """
+    def _dispatch_pending(self) -> None:
+        """Send each pending workload to an idle worker, starting workers up to ``parallelism``."""
         while self._pending:
-            pid = self._idle_worker(spawn)
+            pid = self._idle_worker()
             if pid is None:
                 # Every worker is busy. The scheduler hands over at most ``parallelism - len(running)``
                 # workloads, so this only happens when keys occupy more workers than slots: a key
@@ -985,11 +909,6 @@ class LocalExecutor(BaseExecutor):
                 del self._worker_tasks[pid]
                 del self._holding[pid]
                 self._unstarted.pop(pid, None)
-                if not spawn:
-                    # The handoff thread: the scheduler's thread reaps the worker, or reports what cannot
-                    # be sent, when it gets to this workload again.
-                    self._pending.appendleft((workload, taken_from))
-                    return
                 if isinstance(e, BrokenPipeError):
                     # The worker is gone and never got the whole workload: keep it for the next worker.
                     self._pending.appendleft((workload, taken_from))
@@ -1012,26 +931,12 @@ class LocalExecutor(BaseExecutor):
             self.workers[pid].kill()
             raise
 
-    def _start_workers(self, wanted: int) -> None:
-        """Start workers, up to ``parallelism``, until ``wanted`` workloads would each find an idle one."""
-        busy = self._worker_tasks
-        idle = sum(1 for pid, proc in self.workers.items() if pid not in busy and not _exited(proc))
-        missing = min(wanted - idle, self.parallelism - len(self.workers))
-        if missing <= 0:
-            return
-        if self.is_mp_using_fork:
-            # All missing ones at once, with the GC frozen once (see _idle_worker()).
-            self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))
-        else:
-            for _ in range(missing):
-                self._spawn_worker()
-
-    def _idle_worker(self, spawn: bool = True) -> int | None:
+    def _idle_worker(self) -> int | None:
         """Return an idle live worker, starting one if all are busy and fewer than ``parallelism`` exist."""
         for pid, proc in self.workers.items():
             if pid not in self._worker_tasks and not _exited(proc):
                 return pid
-        if not spawn or len(self.workers) >= self.parallelism:
+        if len(self.workers) >= self.parallelism:
             return None
         if self.is_mp_using_fork:
             # Replacements too are forked with the GC frozen, and all at once, to keep freeze/unfreeze
@@ -1046,7 +951,6 @@ class LocalExecutor(BaseExecutor):
         input_r, input_w = multiprocessing.Pipe(duplex=False)
         output_r, output_w = multiprocessing.Pipe(duplex=False)
         inherited = [input_w, output_r, *self._inputs.values(), *(o.conn for o in self._outputs.values())]
-        inherited += [conn for conn in (self._wakeup_r, self._wakeup_w) if conn is not None]
         p = _worker_process()(
             target=_run_worker,
             kwargs={
@@ -1103,13 +1007,10 @@ class LocalExecutor(BaseExecutor):
     def _read_results(self, timeout: float = 0.0) -> None:
         """Read every complete result waiting, waiting up to ``timeout`` for a result or a worker exit."""
         if timeout:
-            # Not under ``_lock``: the handoff thread hands workloads over meanwhile.
-            with self._lock, self._held_off:
-                readers = [output.conn for output in self._outputs.values() if not output.eof]
-                sentinels = [proc.sentinel for proc in self.workers.values()]
-            with contextlib.suppress(OSError, ValueError):  # a pipe the handoff thread's reap closed
-                multiprocessing.connection.wait([*readers, *sentinels], timeout)
-        with self._lock, self._held_off:
+            readers = [output.conn for output in self._outputs.values() if not output.eof]
+            sentinels = [proc.sentinel for proc in self.workers.values()]
+            multiprocessing.connection.wait([*readers, *sentinels], timeout)
+        with self._held_off:
             self._collect()
             self._apply_arrived()
 
@@ -1149,15 +1050,12 @@ class LocalExecutor(BaseExecutor):
         try:
             # Nothing starts once shutdown has begun, so it waits only for the tasks that run: a workload no
             # worker took (the prefetch room, or one waiting for a worker to start) is queued again below.
-            self._stop_handoff()
+            self._stop_dispatching()
 
             # Each worker gets its shutdown message on its own pipe, behind at most the workload it runs.
-            # Under the lock: a handoff thread _stop_handoff() stopped waiting for may still be writing a
-            # workload (a large one, to a spawned worker still starting), and two writers tear frames.
-            with self._lock:
-                for pid in list(self.workers):
-                    with contextlib.suppress(OSError):  # already gone: reaped below
-                        self._send_workload(pid, None)
+            for pid in list(self.workers):
+                with contextlib.suppress(OSError):  # already gone: reaped below
+                    self._send_workload(pid, None)
 
             # A worker cannot exit while it is blocked writing a result nobody reads: keep reading results
             # while waiting. A worker that is gone is reaped at once, whatever it left in its pipes, once
@@ -1168,7 +1066,7 @@ class LocalExecutor(BaseExecutor):
                     self._reap_workers(exited)
         except (KeyboardInterrupt, SystemExit):
             self.log.error("KeyboardInterrupt received during shutdown. Force terminating workers.")
-            self._stop_handoff()
+            self._stop_dispatching()
             for proc in self.workers.values():
                 self._terminate_worker_process(proc)
             # Their complete frames are read, a partial one is dropped: nothing here can block.
@@ -1178,7 +1076,7 @@ class LocalExecutor(BaseExecutor):
         finally:
             # What no worker took never ran: it is queued again, as before its dispatch, for the next
             # scheduler to run (its task instance is still queued).
-            with self._lock, self._held_off:
+            with self._held_off:
                 if self._pending:
                     unsent = list(self._pending)
                     self._pending.clear()
@@ -1187,7 +1085,7 @@ class LocalExecutor(BaseExecutor):
     def terminate(self):
         """Terminate all worker processes under control of the executor forcefully."""
         self.log.info("Terminating all LocalExecutor worker processes.")
-        self._stop_handoff()
+        self._stop_dispatching()
         for proc in self.workers.values():
             self._terminate_worker_process(proc)
 
@@ -1210,26 +1108,32 @@ class LocalExecutor(BaseExecutor):
             _wait_exited(proc, timeout=0.2)
 
     def _process_workloads(self, workload_list):
-        with self._lock, self._held_off:
+        with self._held_off:
             for workload in workload_list:
-                # The handoff thread sends it: one that cannot be pickled must fail here, and stay queued.
+                # It may be sent later, from slots_available: one that cannot be pickled fails here, and
+                # stays queued.
                 ForkingPickler.dumps(workload)
                 taken_from = self._take_queued(workload)
                 key = workload.key
                 self.running.add(key)
                 self._dispatch_counts[key] = self._dispatch_counts.get(key, 0) + 1
                 self._newest[key] = workload
-                self._pending.append((workload, taken_from))
+                self._add_pending(workload, taken_from)
         self._check_workers()
-        with self._lock:
-            # Those handed to idle workers leave the deque as soon as the handoff thread writes them.
-            waiting = len(self._pending) - (len(self.workers) - len(self._worker_tasks))
-        if waiting > self._prefetch:
+        if len(self._pending) > self._prefetch:
             self.log.warning(
                 "%d dispatched workloads wait for a free worker: every one of %d workers is busy",
                 len(self._pending),
                 len(self.workers),
             )
+
+    def _add_pending(self, workload: ExecutorWorkload, taken_from: dict) -> None:
+        """Queue ``workload`` for the next free worker behind every one of at least its priority."""
+        weight = _priority_weight(workload)
+        at = len(self._pending)
+        while at and _priority_weight(self._pending[at - 1][0]) < weight:
+            at -= 1
+        self._pending.insert(at, (workload, taken_from))
 
     def _take_queued(self, workload) -> dict:
         """Remove a workload from the executor's queue it waits in, and return that queue."""
@@ -1279,7 +1183,7 @@ class LocalExecutor(BaseExecutor):
         # A worker holding the key stays busy until it reports its end or dies: it is still running the
         # workload, and a workload sent to it now would wait behind that one. Its dispatch stays counted
         # until then, and ends as an earlier one: a later dispatch of the key is counted apart.
-        with self._lock, self._held_off:
+        with self._held_off:
             self._redispatched.pop(key, None)
             self._newest.pop(key, None)
             kept = deque((w, q) for w, q in self._pending if w.key != key)
@@ -1300,7 +1204,7 @@ class LocalExecutor(BaseExecutor):
     def revoke_task(self, *, ti: TaskInstance) -> None:
         key = ti.key
         self.queued_tasks.pop(key, None)
-        with self._lock, self._held_off:
+        with self._held_off:
             holders = [pid for pid, task_key in self._worker_tasks.items() if task_key == key]
             for pid in holders:
                 self._terminate_worker_process(self.workers[pid])
