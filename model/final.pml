@@ -11,23 +11,23 @@
  *
  * One executor thread (patch 18: patches 10 to 17 had a second one, a handoff thread that wrote
  * workloads while the scheduler slept; patch 18 removes it, with the executor's lock and its wakeup
- * pipe). The scheduler's thread (proctype Executor) is the only reader of results and the only writer
- * of workloads, and changes state only in blocks with SIGTERM and SIGINT held off ("with
- * self._held_off:"): _process_workloads' and _check_workers' (from sync(), so from slots_available and
- * slots_occupied too, and right after _process_workloads). _check_workers reads and applies results and
- * reaps the dead (one atomic step), then hands each pending workload to an idle live worker, starting
- * workers up to parallelism (_dispatch_pending): a step picks the worker and starts the frame, then each
- * page of it is a step, the workers and the Killer running between them while the scheduler's thread
- * does nothing else. Such a write waits only for its worker's read: an idle worker's input pipe is
- * empty (asserted) and the worker writes nothing until it has read the whole frame (W is larger than
- * the model's pipe, so the write does wait for that read; a real workload is much smaller than a real
- * pipe); a worker that dies first makes it fail (EPIPE): the workload goes back to the front of
- * _pending and the worker is reaped. SIGTERM (up to TERMS times) is handled only between the
- * scheduler's blocks (a held-off one is re-raised right after its block), at any point of its loop but
- * never part way through a write; then the scheduler calls end(). The prefetch (how many workloads the
- * scheduler hands over, when patch 12 closes the room to them, its size from [local_executor] config,
- * patch 13, off by default since patch 18, and the priority order of _pending) is not modelled: all K,
- * of one priority, are handed over in one _process_workloads batch.
+ * pipe). The scheduler's thread (proctype Executor) is the only reader of results and the only writer of
+ * workloads, and changes state only in blocks with SIGTERM and SIGINT held off ("with self._held_off:"):
+ * _process_workloads' and _check_workers' (from sync(), so from slots_available and slots_occupied too,
+ * and right after _process_workloads). _check_workers reads and applies results and reaps the dead (one
+ * atomic step), then hands each pending workload to an idle live worker, starting workers up to
+ * parallelism (_dispatch_pending): a step picks the worker and starts the frame, then each page of it is
+ * a step, the workers and the Killer running between them while the scheduler's thread does nothing
+ * else. Such a write waits only for its worker's read: an idle worker's input pipe is empty (asserted)
+ * and the worker writes nothing until it has read the whole frame (W is larger than the model's pipe, so
+ * the write does wait for that read; a real workload is much smaller than a real pipe); a worker that
+ * dies first makes it fail (EPIPE): the workload goes back to the front of _pending and the worker is
+ * reaped. SIGTERM (up to TERMS times) is handled only between the scheduler's blocks (a held-off one is
+ * re-raised right after its block), at any point of its loop but never part way through a write; then
+ * the scheduler calls end(). The prefetch (how many workloads the scheduler hands over, when patch 12
+ * closes the room to them, its size from [local_executor] config, patch 13, off by default since patch
+ * 18, and the priority order of _pending) is not modelled: all K, of one priority, are handed over in
+ * one _process_workloads batch.
  *
  * Patch 11's start acknowledgement: a worker writes a STARTED frame (ACKF units) as soon as it has
  * forked the task process ("os.register_at_fork(after_in_parent=acknowledge_start)"); a workload whose
@@ -224,7 +224,7 @@ inline end_dispatch(k, how) {
 inline collect_frame(w, k, st) {
     /* _collect: "if state == STARTED: if self._worker_tasks.get(pid) == key: self._unstarted.pop(pid, None)";
        "released = state is not None and state != ... and self._worker_tasks.get(pid) == key";
-       "if released:" ... "del self._worker_tasks[pid]"; "self._arrived.append((pid, key, state, exc, released))".
+       "if released:" ... "del self._worker_tasks[pid]"; "self._arrived.append((pid, key, ..., exc, dispatch, released))".
        A result that is not released is a no-op once applied (_handle_result: "elif released or
        self._worker_tasks.get(pid) == key:" cannot hold later: the key goes to another pid only once
        this one is reaped), and so is a running one: only released ones are kept. */
@@ -320,7 +320,7 @@ inline reap_dead() {
 inline dispatch_pending() {
     /* "self._dispatch_pending()": "while self._pending:" */
     do
-    :: d_step { pqn == 0 || (!HASIDLE && SLOTS_USED == N) -> w = 0; k = 0 }; break  /* @op executor: _dispatch_pending "if pid is None:" ... "return" (every worker busy) */
+    :: d_step { pqn == 0 || (!HASIDLE && SLOTS_USED == N) -> w = 0; k = 0 }; break  /* @op executor: _dispatch_pending "while self._pending:" ends, or "if pid is None:" ... "return" (every worker busy) */
     :: atomic {
            /* "pid = self._idle_worker()": "if pid not in self._worker_tasks and not _exited(proc): return pid";
               else "if len(self.workers) >= self.parallelism:" "return None"; with fork
@@ -421,7 +421,7 @@ active proctype Executor() {
     fi;
     check_workers();  /* @op executor: _process_workloads "self._check_workers()" */
     /* the scheduler: sync() every heartbeat until every key has ended */
-    do  /* @wait executor: sync(): a result or a dead worker */
+    do  /* @wait executor: sync(): a result, a dead worker, or a free worker for a pending workload */
     :: ALLENDED -> break
     :: !ALLENDED && SYNC_READY -> check_workers()  /* @op executor: sync() "self._check_workers()" */
     :: terms < TERMS -> terms++; goto sigterm  /* @op executor: SIGTERM: SystemExit between two "with self._held_off:" blocks */
@@ -429,7 +429,9 @@ active proctype Executor() {
     od;
 sigterm:
     /* end() starts nothing more: "self._stop_dispatching()" first (it touches nothing modelled here), and
-       nothing in end() dispatches: what is pending is given back below */
+       nothing in end() dispatches: what is pending is given back below. A step of its own: the `for`
+       below begins with "i = 0", which a goto to a label on it would skip */
+    atomic { w = 0; k = 0 };  /* @op executor: end() "self._stop_dispatching()" */
     /* "for pid in list(self.workers):" */
     for (i : 0 .. N - 1) {
         if

@@ -20,8 +20,10 @@ What starts next is what the scheduler chose last: a higher priority first.
 
 The scheduler queues task instances by ``priority_weight`` and hands the executor at most what its
 slots allow. A workload the executor took early, beyond ``parallelism``, starts at the next free
-worker ahead of a task of higher priority that became ready after it was taken. So the executor takes
-none by default, and what it holds waits highest priority first.
+worker ahead of a task of higher priority that became ready after it was taken. So on 3.4, whose
+scheduler accounting holds a slot per dispatch and starts nothing out of order, the executor takes
+none by default; before 3.4 the executor took every workload queued, and the room (on by default
+there) starts fewer out of order than that. What the executor holds waits highest priority first.
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import key_of, make_workload, new_executor, run_scenario, wait_for_states, wait_until
+from harness import (
+    airflow_line,
+    key_of,
+    make_workload,
+    new_executor,
+    run_scenario,
+    wait_for_states,
+    wait_until,
+)
 
 NO_THREAD_PATCH = "0018-keep-localexecutor-workers-busy-without-a-thread.patch"
 
@@ -93,10 +103,11 @@ def scheduler_loop_with_a_late_high_priority_task(prefetch_fraction: float | Non
         "lows started ahead of the high one": len(ahead),
         "high waited": round(high_start - high_ready, 2),
         "states": sorted(set(states.values())),
+        "line": airflow_line(),
     }
 
 
-@pytest.mark.fixed_by(NO_THREAD_PATCH)
+@pytest.mark.fixed_by(NO_THREAD_PATCH, lines=("3.4",))
 def test_no_low_priority_task_starts_ahead_of_a_higher_one_it_was_taken_before(start_method):
     outcome = run_scenario(
         scheduler_loop_with_a_late_high_priority_task,
@@ -105,22 +116,27 @@ def test_no_low_priority_task_starts_ahead_of_a_higher_one_it_was_taken_before(s
         prefetch_fraction=None,  # the defaults
     )
     assert outcome["states"] == ["success"]
-    assert outcome["lows started ahead of the high one"] == 0, outcome
+    # 3.4: none, as its own executor. Before 3.4 the room is on: fewer than their own executors, which
+    # start all four low ones first (4 of 4 on 3.3.2), since the room holds two and the high one then
+    # goes first with what comes after it.
+    most = 0 if outcome["line"] == "3.4" else 3
+    assert outcome["lows started ahead of the high one"] <= most, outcome
 
 
 def held_workloads_in_priority_order() -> dict:
-    executor = new_executor(1, prefetch_fraction=2.0)
+    executor = new_executor(1, prefetch_fraction=0.0)
     started_dir = tempfile.mkdtemp()
     gate = Path(tempfile.mkdtemp(), "go")
     long = make_workload("long", fake={"started_dir": started_dir, "wait_for": str(gate)})
     low = make_workload("low", fake={"started_dir": started_dir})
     high = make_workload("high", fake={"started_dir": started_dir}, priority_weight=100)
     items = [long, low, high]
-    # Three scheduler loops, one workload each: the low one is held before the high one comes.
+    # One batch each, the way a key dispatched again (a resumed deferral) or a connection test comes in
+    # beyond the slots: the low one waits in the executor before the high one comes.
     for workload in items:
         key_of(workload)
         executor.queue_workload(workload, session=None)
-        executor.heartbeat()
+        executor._process_workloads([workload])
         if workload is long:
             assert wait_until(lambda: os.listdir(started_dir), timeout=30), "long never started"
     gate.touch()

@@ -60,8 +60,7 @@ slot freed by a result nobody has read would wait up to that sleep and one more 
 without blocking), reap dead workers and hand what waits to the workers that are free: a slot freed by
 now counts in this decision.
 
-With ``[local_executor] prefetch_fraction`` above 0 (off by default) the executor also accepts that
-fraction of ``parallelism`` beyond it while its tasks are short (``[local_executor]
+With ``[local_executor] prefetch_fraction`` above 0 (off by default) the executor also accepts that fraction of ``parallelism`` beyond it while its tasks are short (``[local_executor]
 prefetch_max_task_seconds``: none should wait long enough for the scheduler's stuck-in-queued check).
 They wait in the executor's deque, highest ``priority_weight`` first, never in a pipe, and go to the
 next worker that is free when the scheduler next reads ``slots_available`` or syncs. Workers still take
@@ -510,9 +509,10 @@ class LocalExecutor(BaseExecutor):
     #: How many workloads the executor accepts beyond ``parallelism``, as a fraction of it (at least one
     #: when above 0): they wait in the executor, highest priority first, and start as soon as the
     #: scheduler reads ``slots_available`` or syncs after a worker finished, without waiting for it to
-    #: queue more. Off by default: a workload taken early starts ahead of a higher-priority task the
-    #: scheduler queues after it, and waits in ``queued`` meanwhile. ``[local_executor]
-    #: prefetch_fraction`` sets it.
+    #: queue more. The trade: a workload taken early starts ahead of a higher-priority task the
+    #: scheduler queues after it, and waits in ``queued`` meanwhile. Off by default: with a slot held
+    #: per dispatch nothing starts out of priority order, and the room would give that back.
+    #: ``[local_executor] prefetch_fraction`` turns it on.
     prefetch_fraction: float = 0.0
 
     #: A workload in the prefetch room waits for a busy worker to finish, and the scheduler revokes a task
