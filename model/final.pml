@@ -25,9 +25,9 @@
  * reaped. SIGTERM (up to TERMS times) is handled only between the scheduler's blocks (a held-off one is
  * re-raised right after its block), at any point of its loop but never part way through a write; then
  * the scheduler calls end(). The prefetch (how many workloads the scheduler hands over, when patch 12
- * closes the room to them, its size from [local_executor] config, patch 13, off by default since patch
- * 18, and the priority order of _pending) is not modelled: all K, of one priority, are handed over in
- * one _process_workloads batch.
+ * closes the room to them, its size from [local_executor] config, patch 13, and since patch 18 the
+ * priority order of _pending) is not modelled: all K, of one priority, are handed over in one
+ * _process_workloads batch.
  *
  * Patch 11's start acknowledgement: a worker writes a STARTED frame (ACKF units) as soon as it has
  * forked the task process ("os.register_at_fork(after_in_parent=acknowledge_start)"); a workload whose
@@ -430,7 +430,7 @@ active proctype Executor() {
 sigterm:
     /* end() starts nothing more: "self._stop_dispatching()" first (it touches nothing modelled here), and
        nothing in end() dispatches: what is pending is given back below. A step of its own: the `for`
-       below begins with "i = 0", which a goto to a label on it would skip */
+       below begins with `i = 0`, which a goto to a label on it would skip */
     atomic { w = 0; k = 0 };  /* @op executor: end() "self._stop_dispatching()" */
     /* "for pid in list(self.workers):" */
     for (i : 0 .. N - 1) {

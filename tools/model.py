@@ -2,11 +2,11 @@
 
 The models (``model/*.pml``, Promela) are of the protocol between the LocalExecutor and its workers:
 
-- ``final.pml``: the overlay (patches 8 to 15): a pipe pair per worker, a workload only to an idle
-  worker, results read without blocking, death by waitpid and ``_reap_worker``; the handoff thread as
-  the only writer of workloads, the scheduler's thread changing state only in blocks that hold SIGTERM
-  off, SIGTERM between any two of them (then ``end()``), and the start acknowledgement: a workload
-  whose worker died before starting it goes to another worker;
+- ``final.pml``: the overlay (patches 8 to 18): a pipe pair per worker, a workload only to an idle
+  worker, results read without blocking, death by waitpid and ``_reap_worker``; one thread (patch 18):
+  the scheduler's, the only reader of results and writer of workloads, changing state only in blocks
+  that hold SIGTERM off, SIGTERM between any two of them (then ``end()``), and the start
+  acknowledgement: a workload whose worker died before starting it goes to another worker;
 - ``shared.pml`` (through ``stage0.pml``/``stage3.pml``): one shared activity queue and one shared
   result queue with their locks; stage 3 drains the results once before each put.
 
@@ -31,9 +31,9 @@ Left out of the models: sizes are scaled (a pipe of 2 pages, not 16; sizes in ha
 at most a page is not atomic-into-a-fresh-page as Linux makes it; EOF on a result pipe (a task process
 may hold it open: death is known by waitpid only); one key dispatched twice (resumed deferrals),
 connection tests, ``revoke_task``, the scheduler's own ``change_state``; the spawn start method; a
-signal inside ``end()`` and ``terminate()`` (and so ``end()``'s ``except`` and the join timeout of
-``_stop_handoff``); the prefetch; workloads or results that fail to unpickle (patch 11 fails the key of
-a result it cannot read); a workload that is not a task (no start acknowledgement).
+signal inside ``end()`` and ``terminate()`` (and so ``end()``'s ``except``); the prefetch; workloads
+or results that fail to unpickle (patch 11 fails the key of a result it cannot read); a workload that
+is not a task (no start acknowledgement).
 
 The final model stands for ``airflow_overlay/3.3/airflow/executors/local_executor.py`` as it was when
 the model was last reviewed: ``model/overlay.sha256`` records its hash, ``--check-hash`` fails once the
@@ -218,8 +218,9 @@ CHECKS: tuple[Check, ...] = (
         "test_shared_queue_races.py::test_a_process_killed_holding_a_shared_counter_lock_does_not_stop_dispatch",
     ),
     # Found by the model (SystemExit inside or right after ``send_bytes`` undid a workload the worker
-    # had got whole); patch 11 fixes it: only the handoff thread writes workloads, and SIGTERM is held
-    # off while the scheduler's thread changes state. One worker: workloads wait in the deque throughout.
+    # had got whole); patch 11 fixes it: SIGTERM is held off while the scheduler's thread changes state
+    # (from patch 18 the only thread that writes workloads). One worker: workloads wait in the deque
+    # throughout.
     Check(
         "final/SIGTERM mid-dispatch",
         "final",
