@@ -4,7 +4,7 @@ Arguments after `--` go to the tool or to pytest: `nox -s apply -- --line 3.2`.
 """
 
 # Every install goes through install(), which applies constraints/tools.txt; the per-line test
-# venvs come from tools.venvs (constrained by constraints/<line>.txt).
+# venvs come from tools.engine.venvs (constrained by constraints/<line>.txt).
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from tools import final_record, pins, venvs  # noqa: E402  (stdlib only, importable before any install)
-from tools.errors import ToolError  # noqa: E402
-from tools.fixed_by_plugin import RECORD_ENV  # noqa: E402
-from tools.layout import DEFAULT as LAYOUT  # noqa: E402
+from tools.engine import final_record, venvs  # noqa: E402  (stdlib only, importable before any install)
+from tools.engine.fixed_by_plugin import RECORD_ENV  # noqa: E402
+from tools.shared import pins  # noqa: E402
+from tools.shared.errors import ToolError  # noqa: E402
+from tools.shared.layout import DEFAULT as LAYOUT  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["apply"]
@@ -87,7 +88,7 @@ def tests(session: nox.Session, line: str) -> None:
             # why: verify's final stage is this very code (under the default Python); it reuses what
             # passed here.
             if not newer:
-                record = ["-p", "tools.fixed_by_plugin"]
+                record = ["-p", "tools.engine.fixed_by_plugin"]
                 record_to = final_record.prepare(line, overlay)
     except (ToolError, OSError) as exc:
         session.error(str(exc))

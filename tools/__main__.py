@@ -7,30 +7,30 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from tools.errors import ToolError
+from tools.shared.errors import ToolError
 
 # Each module registers its subcommands with ``add_commands(subparsers)``; a subcommand's
 # ``func(args) -> int`` is the exit code. Add a module here to add commands.
 COMMAND_MODULES = (
-    "tools.releases",
-    "tools.series",
-    "tools.apply",
-    "tools.faithful",
-    "tools.checkout",
-    "tools.port",
-    "tools.verify",
-    "tools.bench",
-    "tools.chaos",
-    "tools.venvs",
-    "tools.lock",
-    "tools.newsfragments",
-    "tools.overlay_install",
-    "tools.package",
-    "tools.backport",
-    "tools.pr",
-    "tools.upstream_prs",
-    "tools.e2e.cli",
-    "tools.model",
+    "tools.engine.releases",
+    "tools.lint",
+    "tools.engine.apply",
+    "tools.engine.faithful",
+    "tools.engine.checkout",
+    "tools.engine.port",
+    "tools.engine.verify",
+    "tools.measure.bench",
+    "tools.measure.chaos",
+    "tools.engine.venvs",
+    "tools.engine.lock",
+    "tools.delivery.newsfragments",
+    "tools.delivery.overlay_install",
+    "tools.delivery.package",
+    "tools.delivery.backport",
+    "tools.delivery.pr",
+    "tools.delivery.upstream_prs",
+    "tools.measure.e2e.cli",
+    "tools.measure.model",
 )
 
 

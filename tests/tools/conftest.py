@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.layout import Layout
+from tools.shared.layout import Layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic_airflow as syn

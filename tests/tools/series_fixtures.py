@@ -8,10 +8,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tools.apply import Engine
-from tools.layout import Layout
-from tools.pins import REPO_PATH, Line
-from tools.series import SERIES_AUTHOR
+from tools.engine.apply import Engine
+from tools.engine.series import SERIES_AUTHOR
+from tools.shared.layout import Layout
+from tools.shared.pins import REPO_PATH, Line
 
 TESTS = "airflow-core/tests/unit/executors/local_executor"
 PRIMARY = Line(name="9.1", version="9.1.0", wheel_sha256="0" * 64, source_sha256="0" * 64, branch="v9-1-test")

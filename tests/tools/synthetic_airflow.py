@@ -26,7 +26,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from tools import pins
+from tools.shared import pins
 
 REPO_PATH = pins.REPO_PATH
 TEST_PATH = "airflow-core/tests/unit/executors/local_executor/test_synthetic.py"
@@ -54,7 +54,7 @@ def base_source(line: pins.Line) -> bytes | None:
         if hashlib.sha256(data).hexdigest() == line.source_sha256:
             return data
     try:
-        from tools.fetch import read_base
+        from tools.engine.fetch import read_base
 
         return read_base(line)
     except Exception:

@@ -9,9 +9,17 @@ from pathlib import Path
 import pytest
 from series_fixtures import BASE_OLDER, BASE_PRIMARY, OLDER, PRIMARY, TESTS, Project, edit, make_patch
 
-from tools.apply import CLEAN, FAILED, NOT_TRIED, RESOLUTION, THREE_WAY, describe_apply_error, run_apply
-from tools.pins import REPO_PATH
-from tools.series import parse_patch
+from tools.engine.apply import (
+    CLEAN,
+    FAILED,
+    NOT_TRIED,
+    RESOLUTION,
+    THREE_WAY,
+    describe_apply_error,
+    run_apply,
+)
+from tools.engine.series import parse_patch
+from tools.shared.pins import REPO_PATH
 
 OVERLAY = "airflow/executors/local_executor.py"
 
@@ -171,8 +179,9 @@ def test_describe_apply_error_maps_line_to_hunk() -> None:
 
 
 def test_real_primary_base_when_cached() -> None:
-    from tools import fetch, pins
-    from tools.layout import DEFAULT
+    from tools.engine import fetch
+    from tools.shared import pins
+    from tools.shared.layout import DEFAULT
 
     if not (DEFAULT.cache / fetch.wheel_filename(pins.PRIMARY.version)).exists():
         pytest.skip("the primary wheel is not in build/cache")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import backport as bp
-from tools import pins
-from tools.layout import DEFAULT, Layout
-from tools.series import read_series_names
+from tools.delivery import backport as bp
+from tools.engine.series import read_series_names
+from tools.shared import pins
+from tools.shared.layout import DEFAULT, Layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic_airflow as syn

@@ -1,4 +1,5 @@
-"""The pure parts of ``tools.bench`` and ``tools.chaos``: plans, ratios, tables, schedules, invariants.
+"""The pure parts of ``tools.measure.bench`` and ``tools.measure.chaos``: plans, ratios, tables,
+schedules, invariants.
 
 Nothing here starts an executor: the probes that do run inside stage venvs and are
 exercised by ``nox -s bench -- --quick`` and ``nox -s chaos``.
@@ -11,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tools import bench, chaos
-from tools.errors import ToolError
-from tools.pins import PRIMARY
+from tools.measure import bench, chaos
+from tools.shared.errors import ToolError
+from tools.shared.pins import PRIMARY
 
 # --------------------------------------------------------------------------------------
 # bench

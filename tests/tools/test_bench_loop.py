@@ -1,5 +1,5 @@
-"""The scheduler-loop model of ``tools.bench_loop`` against a fake executor on a fake clock, and its
-place in ``tools.bench`` (plans, rows, targets, ``--extra``, ``--loop-only``).
+"""The scheduler-loop model of ``tools.measure.bench_loop`` against a fake executor on a fake clock, and its
+place in ``tools.measure.bench`` (plans, rows, targets, ``--extra``, ``--loop-only``).
 
 Nothing here starts an executor: the probe that does runs inside the stage venvs
 (``nox -s bench -- --loop-only --quick``).
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tools import bench, bench_loop
-from tools.errors import ToolError
-from tools.pins import PRIMARY
+from tools.measure import bench, bench_loop
+from tools.shared.errors import ToolError
+from tools.shared.pins import PRIMARY
 
 
 class Clock:

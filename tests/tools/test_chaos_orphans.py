@@ -1,4 +1,4 @@
-"""``tools.chaos``'s orphaned-task-process invariant, judged over fake observations.
+"""``tools.measure.chaos``'s orphaned-task-process invariant, judged over fake observations.
 
 A task process (what the worker forks for a task, as task-sdk's ``supervise``) must be dead
 when its key's terminal state is reported, and none may be alive once ``end()`` returned.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tools import bench, chaos
+from tools.measure import bench, chaos
 
 KILL = {"kind": "kill_running", "at_ms": 50, "pick": 0, "fired_ms": 51.0, "pid": 11, "task": "c"}
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from series_fixtures import BASE_OLDER, BASE_PRIMARY, OLDER, PRIMARY, TESTS, Project, _git, edit
 
-from tools.apply import RESOLUTION, THREE_WAY
-from tools.checkout import checkout, refresh
-from tools.errors import ToolError
-from tools.pins import REPO_PATH
+from tools.engine.apply import RESOLUTION, THREE_WAY
+from tools.engine.checkout import checkout, refresh
+from tools.shared.errors import ToolError
+from tools.shared.pins import REPO_PATH
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

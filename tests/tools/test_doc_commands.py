@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import pins
 from tools.__main__ import build_parser
-from tools.layout import DEFAULT
-from tools.series import read_patch, read_series_names
+from tools.engine.series import read_patch, read_series_names
+from tools.shared import pins
+from tools.shared.layout import DEFAULT
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import fetch, pins
-from tools.errors import ToolError
-from tools.layout import Layout
+from tools.engine import fetch
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import Layout
 
 
 def test_mismatched_cached_wheel_is_refused_and_removed(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools import final_record
-from tools.layout import Layout
+from tools.engine import final_record
+from tools.shared.layout import Layout
 
 
 def _layout(tmp_path: Path) -> Layout:

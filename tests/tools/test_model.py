@@ -1,4 +1,4 @@
-"""tools.model without spin: reading pan's report and trails, judging a run, the overlay hash."""
+"""tools.measure.model without spin: reading pan's report and trails, judging a run, the overlay hash."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tools import model
-from tools.errors import ToolError
-from tools.layout import Layout
+from tools.measure import model
+from tools.shared.errors import ToolError
+from tools.shared.layout import Layout
 
 PAN_CLEAN = """\
 (Spin Version 6.5.2 -- 6 December 2019)
@@ -197,7 +197,7 @@ def test_every_check_names_its_test_or_expects_nothing() -> None:
         assert check.expect == model.NONE or check.test, check.name
         assert check.gating or check.test == model.FINDING, check.name
         if check.test and check.test != model.FINDING:
-            test_file = Path(model.__file__).parent.parent / model.TESTS / check.test.split("::")[0]
+            test_file = Path(model.__file__).parents[2] / model.TESTS / check.test.split("::")[0]
             assert test_file.is_file(), check.test
 
 

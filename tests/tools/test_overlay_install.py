@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import overlay_install as oi
-from tools import pins
+from tools.delivery import overlay_install as oi
+from tools.shared import pins
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_airflow import base_source

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tools import fetch, package, pins
 from tools.__main__ import main
-from tools.layout import DEFAULT
-from tools.series import read_patch, read_series_names
+from tools.delivery import package
+from tools.engine import fetch
+from tools.engine.series import read_patch, read_series_names
+from tools.shared import pins
+from tools.shared.layout import DEFAULT
 
 SERIES = len(read_series_names(DEFAULT.series_file))
 

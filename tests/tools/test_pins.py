@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from tools import __main__ as cli
-from tools import fetch, pins, releases
-from tools.errors import ToolError
-from tools.layout import Layout
-from tools.pins import Line
+from tools.engine import fetch, releases
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import Layout
+from tools.shared.pins import Line
 
 BASE_91 = b"# the 9.1 line's local_executor.py\n"
 OLD_91 = b"# 9.1.0 shipped another local_executor.py\n"
@@ -97,7 +98,7 @@ def lines(index: FakeIndex) -> tuple[Line, ...]:
 
 @pytest.fixture
 def pins_file(tmp_path: Path, lines: tuple[Line, ...]) -> Path:
-    """A copy of tools/pins.py holding the fake lines."""
+    """A copy of tools/shared/pins.py holding the fake lines."""
     path = tmp_path / "pins.py"
     path.write_text(releases.pins_text(releases.PINS_FILE.read_text(), lines))
     return path

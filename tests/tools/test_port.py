@@ -8,13 +8,10 @@ from pathlib import Path
 import pytest
 from series_fixtures import OLDER, PRIMARY, Project, _git, edit
 
-from tools import fetch, pins, port
-from tools.apply import RESOLUTION, Engine
-from tools.checkout import refresh
-from tools.errors import ToolError
-from tools.layout import DEFAULT
-from tools.pins import REPO_PATH
-from tools.port import (
+from tools.engine import fetch, port
+from tools.engine.apply import RESOLUTION, Engine
+from tools.engine.checkout import refresh
+from tools.engine.port import (
     CODE_PATHS,
     FUNCTION,
     METHOD,
@@ -26,7 +23,11 @@ from tools.port import (
     rewrite,
     totals,
 )
-from tools.series import lint_series
+from tools.lint import lint_series
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import DEFAULT
+from tools.shared.pins import REPO_PATH
 
 FILLER = "".join(f"    # filler {i}\n" for i in range(12))
 BASE_PRIMARY = (

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import commitmsg, pins, pr_evidence, pr_internals
-from tools import pr as prmod
-from tools.layout import Layout
+from tools.delivery import pr as prmod
+from tools.delivery import pr_evidence, pr_internals, pr_testrun
+from tools.shared import commitmsg, pins
+from tools.shared.layout import Layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic_airflow as syn
@@ -130,7 +131,7 @@ def test_tests_run_in_the_base_lines_venv_with_the_branch_executor(
     bases: dict[str, bytes],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tools import venvs
+    from tools.engine import venvs
 
     repo, layout, _ = world
     seen: dict[str, object] = {}
@@ -322,8 +323,8 @@ def test_references_closes_only_what_the_message_fixes() -> None:
 
 def test_real_series_prs_if_present(tmp_path: Path, bases: dict[str, bytes]) -> None:
     """Patches 7 and 8 of the real series as PRs on a 3.4.0b2 main (tests not run: too slow here)."""
-    from tools.layout import DEFAULT
-    from tools.series import read_patch, read_series_names
+    from tools.engine.series import read_patch, read_series_names
+    from tools.shared.layout import DEFAULT
 
     names = read_series_names(DEFAULT.series_file)
     folds = [n for n in names if prmod.pr_folds(read_patch(DEFAULT.patches / n))]
@@ -355,7 +356,7 @@ def test_pr_body_carries_one_generated_by_line() -> None:
         "Origin: vendor\nBug: https://github.com/apache/airflow/issues/70526\nForwarded: no\n"
         "Applied-Upstream: no\nLast-Update: 2026-12-02\n"
     )
-    tests = prmod.TestRun(False, False, "", "skipped (--no-test)")
+    tests = pr_testrun.TestRun(False, False, "", "skipped (--no-test)")
     body = prmod.pr_body(msg, tests, "Claude Code", None)
     assert [ln for ln in body.splitlines() if ln.startswith("Generated-by:")] == [
         f"Generated-by: Claude Code following {prmod.GENAI_GUIDELINES}"

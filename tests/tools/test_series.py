@@ -6,9 +6,10 @@ from pathlib import Path
 
 from series_fixtures import BASE_PRIMARY, DEP3, TESTER, Project, edit, make_patch
 
-from tools.layout import Layout
-from tools.pins import REPO_PATH
-from tools.series import SERIES_AUTHOR, lint_series, load_series, parse_dep3, parse_patch
+from tools.engine.series import SERIES_AUTHOR, load_series, parse_dep3, parse_patch
+from tools.lint import lint_series
+from tools.shared.layout import Layout
+from tools.shared.pins import REPO_PATH
 
 
 def test_parse_format_patch_mail() -> None:
@@ -135,8 +136,8 @@ def test_lint_keeps_one_author_for_the_series_own_patches(tmp_path: Path) -> Non
 
 
 def test_the_real_series_has_one_author_for_its_own_patches() -> None:
-    from tools.layout import DEFAULT
-    from tools.series import check_authors
+    from tools.engine.series import check_authors
+    from tools.shared.layout import DEFAULT
 
     series = load_series(DEFAULT)
     assert check_authors(series) == []

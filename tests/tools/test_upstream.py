@@ -6,10 +6,10 @@ from pathlib import Path
 
 from series_fixtures import BASE_PRIMARY, OLDER, PRIMARY, TESTS, Project, edit
 
-from tools.apply import CLEAN, FAILED, THREE_WAY, UPSTREAM, Engine, upstream_unmatched
-from tools.faithful import compare, functions, touched
-from tools.pins import REPO_PATH, Line
-from tools.series import Series, applied_line, check_applied_upstream
+from tools.engine.apply import CLEAN, FAILED, THREE_WAY, UPSTREAM, Engine, upstream_unmatched
+from tools.engine.faithful import compare, functions, touched
+from tools.engine.series import Series, applied_line, check_applied_upstream
+from tools.shared.pins import REPO_PATH, Line
 
 NEWER = Line(name="9.2", version="9.2.0b1", wheel_sha256="2" * 64, source_sha256="2" * 64, branch="main")
 

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tools import pins, upstream_prs
-from tools import pr as prmod
-from tools.layout import DEFAULT, Layout
-from tools.series import lint_series, read_patch
+from tools.delivery import pr as prmod
+from tools.delivery import pr_testrun, upstream_prs
+from tools.engine.series import read_patch
+from tools.lint import lint_series
+from tools.shared import pins
+from tools.shared.layout import DEFAULT, Layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic_airflow as syn
@@ -144,9 +146,9 @@ def test_check_reports_a_patch_that_does_not_apply(tmp_path: Path, bases: dict[s
     layout = standalone_patches(tmp_path, bases["3.4"])
     seen: list[Sequence[str]] = []
 
-    def runner(tree: Path, files: Sequence[str], line: pins.Line, python: Path | None) -> prmod.TestRun:
+    def runner(tree: Path, files: Sequence[str], line: pins.Line, python: Path | None) -> pr_testrun.TestRun:
         seen.append(files)
-        return prmod.TestRun(True, True, "", "")
+        return pr_testrun.TestRun(True, True, "", "")
 
     (r,) = upstream_prs.check(layout, base=bases["3.3"], runner=runner)
     assert r.applies.startswith("hunk #1 at airflow-core/src/airflow/executors/local_executor.py:")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.errors import ToolError
-from tools.verify import (
+from tools.engine.verify import (
     FAIL,
     FLAKY,
     NOT_RUN,
@@ -18,6 +17,7 @@ from tools.verify import (
     plan_stages,
     render,
 )
+from tools.shared.errors import ToolError
 
 SERIES = ["0001-a.patch", "0002-b.patch", "0003-c.patch"]
 
@@ -136,7 +136,7 @@ def test_cells_not_run_by_the_plan_are_never_unexpected() -> None:
 
 
 def test_a_bug_reproduced_on_the_rerun_is_expected_but_labelled() -> None:
-    from tools.verify import FLAKY_FAIL
+    from tools.engine.verify import FLAKY_FAIL
 
     outcomes = {0: {"t::a": FLAKY_FAIL}, 1: {"t::a": "pass"}}
     ev = evaluate(outcomes, {"t::a": "0001-a.patch"}, SERIES)
@@ -156,8 +156,8 @@ def test_a_bug_of_other_lines_must_pass_here() -> None:
 
 def test_a_test_is_matched_with_the_upstream_file_its_directory_tests() -> None:
     """Verify reuses a test's outcome on a stage whose file of that test is unchanged (see _tested_file)."""
-    from tools import pins
-    from tools.verify import _tested_file
+    from tools.engine.verify import _tested_file
+    from tools.shared import pins
 
     assert _tested_file("tests/supervisor/test_x.py::test_a") == pins.SUPERVISOR.package_path
     assert _tested_file("tests/executor/test_x.py::test_a[fork]") == pins.EXECUTOR.package_path

@@ -10,7 +10,7 @@ executor and then retried, so with the patch series the run ends in success and 
 task shows two tries. Without the series the killed key is never reported, and the task stays
 ``queued`` or ``running`` until the deadline.
 
-The driver (``tools/e2e/driver.py``) copies this file into the stack's own dags folder; the
+The driver (``tools/measure/e2e/driver.py``) copies this file into the stack's own dags folder; the
 environment it sets for the scheduler is inherited by the workers and the task processes.
 """
 

@@ -8,7 +8,7 @@ no print, no logging. A task process whose supervisor (the LocalExecutor worker)
 only notices on its next write to the supervisor, so a silent loop keeps marking until its body
 ends unless something kills it.
 
-The driver (``tools/e2e/driver.py``) sets both variables for the stack; the scheduler's
+The driver (``tools/measure/e2e/driver.py``) sets both variables for the stack; the scheduler's
 environment is inherited by the workers and the task processes.
 """
 

@@ -6,7 +6,7 @@ limit and the run measures how fast the scheduler and the executor get tasks thr
 time, tasks per second, and each task instance's queued-to-start delay. ``retries=0``: a task
 that fails is a failed run, not a slower one.
 
-The driver (``tools/e2e/driver.py``) sets the variable for the stack (the dag-processor parses
+The driver (``tools/measure/e2e/driver.py``) sets the variable for the stack (the dag-processor parses
 this file with it) and copies the file into the stack's dags folder.
 """
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import package
-from tools.e2e import cli, driver
-from tools.e2e.driver import DEFAULT_SCENARIOS, SCENARIOS, Options
-from tools.errors import ToolError
+from tools.delivery import package
+from tools.measure.e2e import cli, driver
+from tools.measure.e2e.driver import DEFAULT_SCENARIOS, SCENARIOS, Options
+from tools.shared.errors import ToolError
 
 
 def _parse(*argv: str) -> Options:

@@ -6,7 +6,7 @@ import os
 import threading
 from pathlib import Path
 
-from tools.e2e import cli, driver
+from tools.measure.e2e import cli, driver
 
 
 def test_urgent_raises_the_calling_thread_only_and_restores_it() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tools.e2e import judge
-from tools.e2e.judge import Kill
-from tools.e2e.watch import TaskSnap, WatchResult
+from tools.measure.e2e import judge
+from tools.measure.e2e.judge import Kill
+from tools.measure.e2e.watch import TaskSnap, WatchResult
 
 
 def _tasks(n: int = 3, **override: tuple[str, int]) -> dict[str, TaskSnap]:

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from tools import fetch, pins
-from tools.e2e import lock
-from tools.errors import ToolError
-from tools.layout import Layout
+from tools.engine import fetch
+from tools.measure.e2e import lock
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import Layout
 
 LINE = pins.get_line("3.2")
 

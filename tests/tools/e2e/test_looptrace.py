@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.e2e import looptrace, looptrace_hook
+from tools.measure.e2e import looptrace, looptrace_hook
 
 FAKE_AIRFLOW = {
     "airflow/__init__.py": "",

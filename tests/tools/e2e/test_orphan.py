@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tools.e2e import driver, judge, orphan
-from tools.e2e.judge import Kill
-from tools.e2e.orphan import Mark
-from tools.e2e.watch import Json, TaskSnap, WatchResult
+from tools.measure.e2e import driver, judge, orphan
+from tools.measure.e2e.judge import Kill
+from tools.measure.e2e.orphan import Mark
+from tools.measure.e2e.watch import Json, TaskSnap, WatchResult
 
 KILL = 1000.0
 
@@ -139,7 +139,7 @@ def test_kill_orphan_gets_its_own_dag_and_a_longer_deadline() -> None:
 
 
 def test_summary_table_prints_the_orphan_figures(tmp_path: Path) -> None:
-    from tools import pins
+    from tools.shared import pins
 
     opts = driver.Options(
         line=pins.get_line("3.3"),

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tools.e2e import procfs
+from tools.measure.e2e import procfs
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.e2e import procfs
-from tools.e2e.stack import AirflowStack, Process, StackConfig, StackError
+from tools.measure.e2e import procfs
+from tools.measure.e2e.stack import AirflowStack, Process, StackConfig, StackError
 
 
 def _stack(tmp_path: Path) -> AirflowStack:

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from tools import pins
-from tools.e2e import cli, driver, judge, throughput
-from tools.e2e.throughput import Figures, StageRow
-from tools.e2e.watch import RestApi, TaskSnap, WatchResult
-from tools.errors import ToolError
+from tools.measure.e2e import cli, driver, judge, throughput
+from tools.measure.e2e.throughput import Figures, StageRow
+from tools.measure.e2e.watch import RestApi, TaskSnap, WatchResult
+from tools.shared import pins
+from tools.shared.errors import ToolError
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -326,7 +326,7 @@ def test_task_instances_reads_every_page() -> None:
 
 
 def test_sqlite_busy_timeout_goes_into_the_url(tmp_path: Path) -> None:
-    from tools.e2e.stack import AirflowStack, StackConfig
+    from tools.measure.e2e.stack import AirflowStack, StackConfig
 
     def url(**kw: Any) -> str:
         cfg = StackConfig(venv=tmp_path / "venv", home=tmp_path / "home", dag_file=tmp_path / "d.py", **kw)
@@ -341,7 +341,7 @@ def test_sqlite_busy_timeout_goes_into_the_url(tmp_path: Path) -> None:
 
 
 def test_db_pool_size_is_set_only_when_asked(tmp_path: Path) -> None:
-    from tools.e2e.stack import AirflowStack, StackConfig
+    from tools.measure.e2e.stack import AirflowStack, StackConfig
 
     def env(**kw: Any) -> dict[str, str]:
         cfg = StackConfig(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from tools.e2e import timeline
+from tools.measure.e2e import timeline
 
 T0 = datetime(2026, 11, 30, 2, 0, 0, tzinfo=timezone.utc)
 

@@ -6,7 +6,7 @@ import http.server
 import json
 import threading
 
-from tools.e2e.watch import Json, RestApi, RunWatcher, Transition
+from tools.measure.e2e.watch import Json, RestApi, RunWatcher, Transition
 
 
 class FakeClock:

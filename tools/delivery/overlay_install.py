@@ -1,0 +1,704 @@
+"""Install the patched upstream files into an operator's Airflow environment, reversibly.
+
+The overlay of a release line (``airflow_overlay/<line>/``) holds the fully patched
+``airflow/executors/local_executor.py`` and task-sdk's ``airflow/sdk/execution_time/supervisor.py``.
+They replace the installed files only when the environment is exactly what the overlay was
+verified for: an apache-airflow-core version that is pinned (a line's version or one it
+``covers``), an apache-airflow-task-sdk version the line pins (or one in its ``sdk_covers``),
+and each file byte-identical to its pinned base. Either check failing refuses the whole install:
+the two files are verified together. Everything the install did is written down in a state
+directory inside the environment::
+
+    <sys.prefix of the env>/lepatch-overlay/
+        record.json                 what was installed where, and the hashes on both sides
+        local_executor.py.orig      each original file, byte for byte
+        supervisor.py.orig
+
+so ``restore`` can put the originals back exactly and ``status`` can tell whether a file
+was changed since. The record's ``state`` is written *before* the files are swapped
+(``installing``) and flipped to ``installed`` after the smoke dispatch passed: an install
+that was killed half-way is visible, and ``restore`` undoes it. ``restore --force`` over a
+file edited since keeps that edit in ``lepatch-overlay/kept/<file>.<time>.<sha256>``.
+
+Inspecting the environment never imports Airflow: versions and file locations come from the
+distributions' metadata (``python -I``, so PYTHONPATH cannot point elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import enum
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from tools.engine import releases
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import DEFAULT as LAYOUT
+
+OVERLAY_DIR = LAYOUT.overlay
+SMOKE_SCRIPT = LAYOUT.tests_executor / "harness.py"
+STATE_DIR_NAME = "lepatch-overlay"
+RECORD_NAME = "record.json"
+BACKUP_NAME = "local_executor.py.orig"
+KEPT_DIR_NAME = "kept"  # why: restore --force must not lose an operator's edit of a file
+SMOKE_TIMEOUT = 180.0
+
+# Runs inside the target environment: for each (distribution, file), its version and path.
+_INSPECT = """
+import importlib.metadata as md, json, sys
+out = {"prefix": sys.prefix, "files": []}
+for dist_name, path in %(wanted)r:
+    try:
+        dist = md.distribution(dist_name)
+    except md.PackageNotFoundError:
+        out["files"].append([None, None])
+    else:
+        out["files"].append([dist.version, str(dist.locate_file(path))])
+print(json.dumps(out))
+"""
+
+
+class OverlayError(ToolError):
+    """A refusal or failure; the message is one line naming the path at fault."""
+
+
+class OverlayState(enum.Enum):
+    """What ``status`` finds; the record's ``state`` field holds INSTALLING or INSTALLED."""
+
+    PRISTINE = "pristine"  # no record, every file is its pinned base
+    INSTALLING = "installing"  # an install was interrupted between swap and smoke result
+    INSTALLED = "installed"  # the recorded overlay is in place, unchanged
+    MODIFIED = "modified"  # the recorded overlay was installed, a file changed since
+    REVERTED = "reverted"  # a record exists but the files are the bases again (package reinstalled?)
+    FOREIGN = "foreign"  # no record and a file is not its pinned base: patched by someone else
+    UNPINNED = "unpinned"  # an installed version is not one the overlays were verified for
+
+    @property
+    def healthy(self) -> bool:
+        return self in (OverlayState.PRISTINE, OverlayState.INSTALLED)
+
+
+@dataclass
+class Installed:
+    """One upstream file as the environment has it."""
+
+    file: pins.UpstreamFile
+    version: str | None  # its distribution's version; None when the distribution is missing
+    target: Path
+
+    @property
+    def backup_name(self) -> str:
+        return f"{self.file.name}.orig"
+
+
+@dataclass
+class Environment:
+    python: Path
+    prefix: Path
+    files: list[Installed]  # the executor first
+
+    @property
+    def version(self) -> str:
+        """The apache-airflow-core version: it decides the line."""
+        return self.files[0].version or "?"
+
+    @property
+    def target(self) -> Path:
+        """The installed local_executor.py."""
+        return self.files[0].target
+
+    @property
+    def state_dir(self) -> Path:
+        return self.prefix / STATE_DIR_NAME
+
+
+@dataclass
+class FileRecord:
+    file: str  # UpstreamFile.name
+    distribution: str
+    version: str
+    target: str
+    backup: str
+    original_sha256: str
+    overlay_sha256: str
+    overlay_source: str
+
+
+@dataclass
+class OverlayRecord:
+    state: str  # OverlayState.INSTALLING.value or OverlayState.INSTALLED.value
+    line: str
+    version: str  # apache-airflow-core's
+    python: str
+    installed_at: str
+    files: list[FileRecord] = field(default_factory=list)
+    schema: int = 2
+
+    @classmethod
+    def load(cls, path: Path) -> OverlayRecord:
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+            if data.get("schema") == 1:  # one file, its fields at the top
+                one = {k: data.pop(k) for k in ("target", "backup", "original_sha256", "overlay_sha256")}
+                one["overlay_source"] = data.pop("overlay_source")
+                data["files"] = [
+                    {
+                        "file": pins.EXECUTOR.name,
+                        "distribution": pins.DISTRIBUTION,
+                        "version": data["version"],
+                        **one,
+                    }
+                ]
+                data["schema"] = 2
+            data["files"] = [FileRecord(**f) for f in data.get("files", [])]
+            return cls(**data)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise OverlayError(f"{path}: unreadable overlay record ({exc}); inspect it by hand") from exc
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+    def of(self, name: str) -> FileRecord | None:
+        return next((f for f in self.files if f.file == name), None)
+
+
+@dataclass
+class Status:
+    state: OverlayState
+    env: Environment
+    line: pins.Line | None
+    record: OverlayRecord | None
+    current: dict[str, str]  # UpstreamFile.name -> sha256 of the installed file
+    why: str = ""  # UNPINNED, FOREIGN: which file and why, one sentence
+
+    @property
+    def current_sha256(self) -> str:
+        return self.current.get(pins.EXECUTOR.name, "")
+
+    def describe(self) -> str:
+        where = f"{self.env.prefix} (apache-airflow-core {self.env.version})"
+        rec = self.record
+        if self.state is OverlayState.PRISTINE:
+            names = ", ".join(f.file.name for f in self.env.files)
+            return f"none: {names} in {where} are the pinned {self.line.name if self.line else '?'} bases"
+        if self.state is OverlayState.INSTALLED and rec:
+            names = ", ".join(f.file for f in rec.files)
+            return f"overlay {rec.line} ({names}) installed {rec.installed_at} in {where}; unchanged since"
+        if self.state is OverlayState.MODIFIED and rec:
+            return f"overlay {rec.line} installed {rec.installed_at} in {where}, but {self.why}"
+        if self.state is OverlayState.INSTALLING and rec:
+            return f"an install of overlay {rec.line} into {where} was interrupted: run restore"
+        if self.state is OverlayState.REVERTED:
+            stale = self.env.state_dir
+            return f"none: {where} has the pinned bases again, but a stale record is left in {stale}"
+        if self.state is OverlayState.FOREIGN:
+            return f"unknown: {self.why} and no overlay record exists (patched by hand?)"
+        return f"unsupported: {self.why}"
+
+
+def unpinned_refusal(version: str, current_sha256: str, lines: Sequence[pins.Line] = pins.LINES) -> str:
+    """Why ``version`` gets no overlay, and the release to move to, in one sentence.
+
+    An overlay is verified against one ``local_executor.py`` and the release it came in; a
+    release with another file (3.1.0-3.1.3 on the 3.1 line) would need a base of its own and
+    the series applied and verified there, so it is refused with the nearest verified
+    release named, the smallest upgrade that is served.
+    """
+    refusing = "refusing, nothing changed"
+    if not releases.is_release(version):
+        return f"{pins.DISTRIBUTION} {version} is not a release any overlay is verified for; {refusing}"
+    line = next((ln for ln in lines if ln.name == releases.line_of(version)), None)
+    nearest = releases.nearest_verified(version, lines)
+    if line is not None and releases.version_key(version) > releases.version_key(line.version):
+        if current_sha256 == line.source_sha256:
+            return (
+                f"{pins.DISTRIBUTION} {version} ships the same local_executor.py as {line.version} "
+                f"(the {line.name} line's base) but is not recorded as verified: record it with "
+                f"`python -m tools pins --discover --write` in the series checkout; {refusing}"
+            )
+        return (
+            f"{pins.DISTRIBUTION} {version} is newer than {line.version} (the {line.name} line's base) "
+            f"and ships another local_executor.py, for which no overlay is verified yet "
+            f"(`python -m tools pins --bump {line.name} {version}`, then apply and verify the series); "
+            f"stay on {line.version} until then; {refusing}"
+        )
+    if nearest is None:
+        newest = max((ln.version for ln in lines), key=releases.version_key)
+        return (
+            f"{pins.DISTRIBUTION} {version} is newer than every pinned line (newest: {newest}); "
+            f"no overlay is verified for it; {refusing}"
+        )
+    to_line, to_version = nearest
+    verified = ", ".join(releases.verified_versions(to_line))
+    way = (
+        f"upgrade to {to_version}, the nearest verified release "
+        f"({'same line' if line is to_line else f'the {to_line.name} line'}; verified: {verified}), "
+        f"then install again; {refusing}"
+    )
+    if line is None:
+        return f"{pins.DISTRIBUTION} {version} is on no pinned release line; {way}"
+    if current_sha256 == line.source_sha256:
+        return (
+            f"{pins.DISTRIBUTION} {version} ships the same local_executor.py as {line.version} "
+            f"(the {line.name} line's base) but is not recorded as verified "
+            f"(`python -m tools pins --discover --write` would check it); or {way}"
+        )
+    return (
+        f"{pins.DISTRIBUTION} {version} ships a different local_executor.py than {line.version} "
+        f"(the {line.name} line's base; sha256 {current_sha256[:12]}, base {line.source_sha256[:12]}), "
+        f"so no overlay is verified for it; {way}"
+    )
+
+
+def interpreter_problem(python: Path) -> str | None:
+    """Why ``python`` cannot be run as an interpreter, in one line naming the fix; None if it can."""
+    if not python.exists():
+        return f"{python}: no such interpreter; pass the environment's python (ENV/bin/python)"
+    if python.is_dir():
+        inside = next(
+            (python / c for c in ("bin/python", "Scripts/python.exe") if (python / c).is_file()), None
+        )
+        hint = f"--python {inside}" if inside else "--python DIR/bin/python, its interpreter"
+        return f"{python}: a directory, not an interpreter; pass {hint}"
+    if not os.access(python, os.X_OK):
+        return f"{python}: not executable; pass the environment's interpreter (ENV/bin/python)"
+    return None
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _write_atomically(path: Path, data: bytes, mode_from: Path | None = None) -> None:
+    """Replace ``path`` in one rename, so a reader sees the old or the new file, never half of one."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".lepatch-tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        if mode_from is not None and mode_from.exists():
+            shutil.copymode(mode_from, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def sdk_refusal(line: pins.Line, version: str | None, pin: pins.Pin) -> str:
+    """Why the installed task-sdk gets no overlay, naming the nearest release the line covers."""
+    dist = pin.file.distribution
+    verified = sorted([pin.version, *pin.covers], key=releases.version_key)
+    if version is None:
+        return (
+            f"{dist} is not installed, and the {line.name} overlay patches its {pin.file.name}; "
+            "refusing, nothing changed"
+        )
+    newer = [
+        v
+        for v in verified
+        if releases.is_release(version) and releases.version_key(v) > releases.version_key(version)
+    ]
+    nearest = newer[0] if newer else verified[-1]
+    return (
+        f"{dist} {version} is not a release the {line.name} overlay is verified with "
+        f"(verified: {', '.join(verified)}); install {dist}=={nearest}, the nearest verified, "
+        f"then install again; refusing, nothing changed"
+    )
+
+
+def drop_bytecode(target: Path) -> list[Path]:
+    """Remove ``__pycache__/<stem>.*.pyc``: an unchecked-hash pyc would keep running the old code."""
+    removed = []
+    for pyc in sorted((target.parent / "__pycache__").glob(f"{target.stem}.*.pyc")):
+        pyc.unlink()
+        removed.append(pyc)
+    return removed
+
+
+class OverlayInstaller:
+    """Install, inspect and restore the overlay in the environment of one Python interpreter."""
+
+    def __init__(
+        self,
+        python: Path,
+        *,
+        overlay_dir: Path = OVERLAY_DIR,
+        smoke_script: Path = SMOKE_SCRIPT,
+        smoke_timeout: float = SMOKE_TIMEOUT,
+        out: TextIO | None = None,
+    ) -> None:
+        self.python = Path(python)
+        self.overlay_dir = overlay_dir
+        self.smoke_script = smoke_script
+        self.smoke_timeout = smoke_timeout
+        self._out = out
+
+    def say(self, message: str) -> None:
+        print(message, file=self._out or sys.stdout)
+
+    # ---------------------------------------------------------------- inspection
+
+    def inspect(self) -> Environment:
+        if problem := interpreter_problem(self.python):
+            raise OverlayError(problem)
+        wanted = [(f.distribution, f.package_path) for f in pins.UPSTREAM_FILES]
+        try:
+            proc = subprocess.run(
+                [str(self.python), "-I", "-c", _INSPECT % {"wanted": wanted}],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise OverlayError(f"{self.python}: cannot run it to inspect the environment ({exc})") from exc
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise OverlayError(f"{self.python}: inspecting the environment failed: {last}")
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+        files = []
+        for f, (version, located) in zip(pins.UPSTREAM_FILES, data["files"], strict=True):
+            if version is None and f is pins.EXECUTOR:
+                raise OverlayError(f"{self.python}: {f.distribution} is not installed in {data['prefix']}")
+            target = Path(located).resolve() if located else Path(data["prefix"]) / f.package_path
+            if version is not None and not target.is_file():
+                raise OverlayError(
+                    f"{target}: {f.distribution} {version} is installed but this file is missing"
+                )
+            files.append(Installed(f, version, target))
+        return Environment(self.python, Path(data["prefix"]), files)
+
+    def overlay_path(self, line: pins.Line, file: pins.UpstreamFile = pins.EXECUTOR) -> Path:
+        return self.overlay_dir / line.name / file.package_path
+
+    def _members(self, env: Environment, line: pins.Line) -> list[tuple[Installed, pins.Pin]]:
+        """The files this line's overlay replaces: each one the line pins and the overlay carries."""
+        out = []
+        for inst in env.files:
+            pin = line.pin(inst.file)
+            if pin is not None and (
+                inst.file is pins.EXECUTOR or self.overlay_path(line, inst.file).is_file()
+            ):
+                out.append((inst, pin))
+        return out
+
+    def status(self, env: Environment | None = None) -> Status:
+        env = env or self.inspect()
+        current = {f.file.name: sha256(f.target.read_bytes()) for f in env.files if f.version is not None}
+        record_path = env.state_dir / RECORD_NAME
+        record = OverlayRecord.load(record_path) if record_path.exists() else None
+        try:
+            line: pins.Line | None = pins.get_line(env.version)
+        except KeyError:
+            line = None
+        if record is not None:
+            changed = [f.file for f in record.files if current.get(f.file) != f.overlay_sha256]
+            if record.state == OverlayState.INSTALLING.value:
+                return Status(OverlayState.INSTALLING, env, line, record, current)
+            if not changed:
+                return Status(OverlayState.INSTALLED, env, line, record, current)
+            if all(current.get(f.file) == f.original_sha256 for f in record.files):
+                return Status(OverlayState.REVERTED, env, line, record, current)
+            why = ", ".join(
+                f"{f.target} changed since (sha256 {current.get(f.file, '-')[:12]}, "
+                f"installed {f.overlay_sha256[:12]})"
+                for f in record.files
+                if f.file in changed
+            )
+            return Status(OverlayState.MODIFIED, env, line, record, current, why)
+        if line is None or env.version == line.name:
+            why = f"{env.target}: {unpinned_refusal(env.version, current[pins.EXECUTOR.name])}"
+            return Status(OverlayState.UNPINNED, env, line, None, current, why)
+        for inst, pin in self._members(env, line):
+            if inst.file is not pins.EXECUTOR and inst.version not in (pin.version, *pin.covers):
+                why = f"{inst.target}: {sdk_refusal(line, inst.version, pin)}"
+                return Status(OverlayState.UNPINNED, env, line, None, current, why)
+        for inst, pin in self._members(env, line):
+            if current.get(inst.file.name) != pin.source_sha256:
+                why = (
+                    f"{inst.target} is not byte-identical to the pinned {inst.file.distribution} "
+                    f"{pin.version} base (sha256 {current.get(inst.file.name, '-')[:12]}, "
+                    f"expected {pin.source_sha256[:12]})"
+                )
+                return Status(OverlayState.FOREIGN, env, line, None, current, why)
+        return Status(OverlayState.PRISTINE, env, line, None, current)
+
+    # ---------------------------------------------------------------- install
+
+    def install(self) -> Status:
+        env = self.inspect()
+        st = self.status(env)
+        if st.state is OverlayState.UNPINNED or st.line is None:
+            raise OverlayError(st.why)
+        line = st.line
+        overlay_file = self.overlay_path(line)
+        if not overlay_file.is_file():
+            raise OverlayError(
+                f"{overlay_file}: no overlay for line {line.name}; run `nox -s apply -- --write` first"
+            )
+        members = self._members(env, line)
+        overlays = {inst.file.name: self.overlay_path(line, inst.file).read_bytes() for inst, _ in members}
+        if (
+            st.state is OverlayState.INSTALLED
+            and st.record
+            and {f.file: f.overlay_sha256 for f in st.record.files}
+            == {n: sha256(d) for n, d in overlays.items()}
+        ):
+            self.say(f"overlay {line.name} already installed in {env.prefix}; nothing to do")
+            return st
+        if st.state is OverlayState.FOREIGN:
+            raise OverlayError(f"{st.why}: someone patched it already; refusing, nothing changed")
+        if st.state in (OverlayState.MODIFIED, OverlayState.INSTALLING, OverlayState.REVERTED):
+            fix = (
+                "restore --force` (it keeps the edited files)"
+                if st.state is OverlayState.MODIFIED
+                else "restore`"
+            )
+            raise OverlayError(
+                f"{env.prefix}: {st.describe()}; run `{fix}, then install again; nothing changed"
+            )
+        originals: dict[str, bytes] = {}
+        for inst, pin in members:
+            backup = env.state_dir / inst.backup_name
+            if st.state is OverlayState.INSTALLED and backup.is_file():
+                # A newer overlay than the installed one: the original is already backed up.
+                originals[inst.file.name] = backup.read_bytes()
+                if sha256(originals[inst.file.name]) != pin.source_sha256:
+                    raise OverlayError(f"{backup}: backup does not match the pinned base; restore by hand")
+            else:
+                originals[inst.file.name] = inst.target.read_bytes()
+        if st.state is OverlayState.INSTALLED:
+            self.say(f"upgrading overlay {line.name} in {env.prefix}")
+        record = OverlayRecord(
+            state=OverlayState.INSTALLING.value,
+            line=line.name,
+            version=env.version,
+            python=str(self.python),
+            installed_at=_now(),
+            files=[
+                FileRecord(
+                    file=inst.file.name,
+                    distribution=inst.file.distribution,
+                    version=inst.version or "",
+                    target=str(inst.target),
+                    backup=str(env.state_dir / inst.backup_name),
+                    original_sha256=sha256(originals[inst.file.name]),
+                    overlay_sha256=sha256(overlays[inst.file.name]),
+                    overlay_source=str(self.overlay_path(line, inst.file)),
+                )
+                for inst, _ in members
+            ],
+        )
+        try:
+            env.state_dir.mkdir(parents=True, exist_ok=True)
+            for inst, _ in members:
+                backup = env.state_dir / inst.backup_name
+                if not backup.exists():
+                    _write_atomically(backup, originals[inst.file.name])
+            record.save(env.state_dir / RECORD_NAME)
+            for inst, _ in members:
+                _write_atomically(inst.target, overlays[inst.file.name], mode_from=inst.target)
+                drop_bytecode(inst.target)
+        except OSError as exc:
+            self._put_back(env, record)
+            raise OverlayError(
+                f"{env.prefix}: cannot install the overlay ({exc}); originals left in place"
+            ) from exc
+
+        ok, detail = self.smoke(env)
+        if not ok:
+            self._put_back(env, record)
+            raise OverlayError(
+                f"{env.target}: overlay {line.name} failed the smoke dispatch ({detail}); "
+                "the original files were put back"
+            )
+        record.state = OverlayState.INSTALLED.value
+        record.save(env.state_dir / RECORD_NAME)
+        installed = ", ".join(f"{f.target} (sha256 {f.overlay_sha256[:12]})" for f in record.files)
+        self.say(
+            f"installed overlay {line.name}: {installed}; originals backed up in {env.state_dir}; "
+            "smoke dispatch passed"
+        )
+        return self.status(env)
+
+    def smoke(self, env: Environment) -> tuple[bool, str]:
+        """Compile the new file, then run the harness's no-database dispatch in the target env."""
+        compile_ = subprocess.run(
+            [
+                str(self.python),
+                "-I",
+                "-c",
+                "import py_compile,sys; py_compile.compile(sys.argv[1], doraise=True)",
+                str(env.target),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if compile_.returncode != 0:
+            return False, "does not compile: " + (compile_.stderr.strip().splitlines() or ["?"])[-1]
+        if not self.smoke_script.is_file():
+            return False, f"smoke script {self.smoke_script} is missing"
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        with tempfile.TemporaryDirectory(prefix="lepatch-overlay-smoke-") as home:
+            environ["AIRFLOW_HOME"] = home
+            environ["AIRFLOW__API_AUTH__JWT_SECRET"] = "lepatch-smoke-not-a-secret"
+            proc = subprocess.Popen(
+                [str(self.python), str(self.smoke_script), "--smoke"],
+                cwd=home,
+                env=environ,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                output, _ = proc.communicate(timeout=self.smoke_timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                return False, f"no result within {self.smoke_timeout:.0f}s"
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # workers it left behind
+        if proc.returncode != 0:
+            lines = output.decode(errors="replace").strip().splitlines() or ["no output"]
+            return False, f"exit {proc.returncode}: {lines[-1][:200]}"
+        return True, "passed"
+
+    def _put_back(self, env: Environment, record: OverlayRecord) -> None:
+        """Every recorded file back from its backup (or as read before the swap), the state dir gone."""
+        for f in record.files:
+            backup = Path(f.backup)
+            if backup.is_file() and sha256(backup.read_bytes()) == f.original_sha256:
+                target = Path(f.target)
+                if not target.is_file() or sha256(target.read_bytes()) != f.original_sha256:
+                    _write_atomically(target, backup.read_bytes(), mode_from=target)
+                drop_bytecode(target)
+        for f in record.files:
+            Path(f.backup).unlink(missing_ok=True)
+        (env.state_dir / RECORD_NAME).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            env.state_dir.rmdir()
+
+    # ---------------------------------------------------------------- restore
+
+    def restore(self, *, force: bool = False) -> Status:
+        env = self.inspect()
+        st = self.status(env)
+        rec = st.record
+        if rec is None:
+            raise OverlayError(f"{env.state_dir / RECORD_NAME}: no overlay record; nothing to restore")
+        have = {str(f.target) for f in env.files}
+        for f in rec.files:
+            if f.target not in have:
+                raise OverlayError(
+                    f"{env.state_dir / RECORD_NAME}: records {f.target}, which this env does not have"
+                )
+            backup = Path(f.backup)
+            if not backup.is_file() or sha256(backup.read_bytes()) != f.original_sha256:
+                raise OverlayError(f"{backup}: backup missing or not the recorded original; nothing changed")
+        if st.state is OverlayState.MODIFIED and not force:
+            raise OverlayError(
+                f"{st.why}; `restore --force` puts the originals back and keeps the edited files; "
+                "nothing changed"
+            )
+        kept: list[Path] = []
+        if st.state is OverlayState.MODIFIED:
+            for f in rec.files:
+                current = st.current.get(f.file, "")
+                if current not in (f.overlay_sha256, f.original_sha256):
+                    copy = (
+                        env.state_dir / KEPT_DIR_NAME / f"{f.file}.{_now().replace(':', '')}.{current[:12]}"
+                    )
+                    copy.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(f.target, copy)
+                    kept.append(copy)
+        for f in rec.files:
+            _write_atomically(Path(f.target), Path(f.backup).read_bytes(), mode_from=Path(f.target))
+        self._put_back(env, rec)
+        restored = ", ".join(f"{f.target} (sha256 {f.original_sha256[:12]})" for f in rec.files)
+        self.say(
+            f"restored the originals: {restored}; overlay {rec.line} removed"
+            + "".join(f"; the edited {p.name.split('.py.')[0]}.py is kept as {p}" for p in kept)
+        )
+        return self.status(env)
+
+
+# -------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("install", "status", "restore"))
+    parser.add_argument("--python", required=True, type=Path, help="the Airflow environment's interpreter")
+    parser.add_argument("--overlay-dir", type=Path, default=OVERLAY_DIR, help=argparse.SUPPRESS)
+    parser.add_argument("--force", action="store_true", help="restore even if the file changed since install")
+    parser.add_argument("--json", action="store_true", help="status: print the state and record as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    installer = OverlayInstaller(args.python, overlay_dir=args.overlay_dir)
+    try:
+        if args.action == "install":
+            installer.install()
+            return 0
+        if args.action == "restore":
+            installer.restore(force=args.force)
+            return 0
+        st = installer.status()
+    except OverlayError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "state": st.state.value,
+                    "target": str(st.env.target),
+                    "version": st.env.version,
+                    "sha256": st.current_sha256,
+                    "files": {
+                        f.file.name: {"version": f.version, "target": str(f.target)} for f in st.env.files
+                    },
+                    "current_sha256": st.current,
+                    "record": asdict(st.record) if st.record else None,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(st.describe())
+    return 0 if st.state.healthy else 3
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("overlay", help="install, inspect or restore the overlay in an Airflow environment")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools overlay", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,0 @@
-"""``python -m tools.e2e``: the e2e session without the ``tools`` command dispatcher."""
-
-from __future__ import annotations
-
-import sys
-
-from tools.e2e.cli import main
-
-sys.exit(main())

@@ -1,0 +1,82 @@
+"""``python -m tools lock``: exact constraints so nothing a test environment installs floats.
+
+``constraints/tools.txt`` pins the tooling (nox, uv, pytest, ruff, mypy, towncrier) and
+everything they pull in; ``constraints/<line>.txt`` pins a line's ``apache-airflow-core``
+with all of Airflow's dependencies plus the same pytest and pytest-timeout. Both are
+resolved by ``uv pip compile`` for every Python from 3.10 on (markers where they differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from tools.engine import fetch
+from tools.engine.venvs import TEST_PACKAGES, UV_ENV, find_uv, oldest_python
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import DEFAULT, Layout
+
+TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv")
+COMPILE = ("pip", "compile", "-", "--universal", "--quiet")
+
+
+def _compile(requirements: list[str], command: str, python_version: str = "3.10") -> str:
+    import os
+    import subprocess
+
+    proc = subprocess.run(
+        [find_uv(), *COMPILE, "--python-version", python_version, "--custom-compile-command", command],
+        input="\n".join(requirements) + "\n",
+        capture_output=True,
+        text=True,
+        env={**os.environ, **UV_ENV},
+        check=False,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ToolError(f"uv pip compile of {', '.join(requirements)} failed: {last}")
+    return proc.stdout
+
+
+def pinned(constraints: str, name: str) -> str:
+    """The exact version a constraints file pins for ``name`` (unconditionally)."""
+    m = re.search(rf"^{re.escape(name)}==([^\s;]+)\s*$", constraints, re.M)
+    if not m:
+        raise ToolError(f"no unconditional pin for {name}")
+    return m.group(1)
+
+
+def lock_tools(layout: Layout = DEFAULT) -> str:
+    text = _compile(list(TOOLS), "python -m tools lock --tools")
+    layout.constraints.mkdir(parents=True, exist_ok=True)
+    (layout.constraints / "tools.txt").write_text(text)
+    return text
+
+
+def lock_line(line: pins.Line, layout: Layout = DEFAULT) -> str:
+    tools = (layout.constraints / "tools.txt").read_text()
+    reqs = [f"{pins.DISTRIBUTION}=={line.version}", *(f"{p}=={pinned(tools, p)}" for p in TEST_PACKAGES)]
+    # why: a line whose Airflow needs a newer Python (3.4 needs 3.11) cannot resolve for 3.10.
+    python_version = oldest_python(fetch.ensure_wheel(line, layout))
+    text = _compile(reqs, f"python -m tools lock --line {line.name}", python_version)
+    (layout.constraints / f"{line.name}.txt").write_text(text)
+    return text
+
+
+def _cmd_lock(args: argparse.Namespace) -> int:
+    everything = not args.line and not args.tools
+    if args.tools or everything or not (DEFAULT.constraints / "tools.txt").exists():
+        lock_tools()
+        print("wrote constraints/tools.txt")
+    for name in args.line or ([line.name for line in pins.LINES] if everything else []):
+        lock_line(pins.get_line(name))
+        print(f"wrote constraints/{pins.get_line(name).name}.txt")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("lock", help="regenerate constraints/ with uv pip compile (needs the index)")
+    p.add_argument("--line", action="append", help="only this line (repeatable)")
+    p.add_argument("--tools", action="store_true", help="only constraints/tools.txt")
+    p.set_defaults(func=_cmd_lock)

@@ -1,0 +1,255 @@
+"""Per-line virtual environments: the pinned wheel, pytest and pytest-timeout, constrained.
+
+``ensure(line)`` makes (or reuses) ``build/venvs/<line>`` with ``uv`` from the cached,
+sha256-verified wheel and ``constraints/<line>.txt``; a stamp file records what it was
+made from, so a changed pin or lock rebuilds it. ``install_sources(python, sources)``
+swaps the venv's upstream files (``airflow/executors/local_executor.py``, task-sdk's
+``airflow/sdk/execution_time/supervisor.py``) for the given bytes, which is how verify walks
+the stages and how the tests session installs the overlay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tools.engine import fetch
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import DEFAULT, Layout
+from tools.shared.pins import Line
+
+TEST_PACKAGES = ("pytest", "pytest-timeout")
+JWT_SECRET = "lepatch-tests-not-a-secret"
+# why: without it uv tries to download a managed CPython, which this network refuses slowly.
+UV_ENV = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+
+
+def find_uv() -> str:
+    """uv from PATH, else beside the running interpreter (``pip install 'nox[uv]'`` puts it there)."""
+    found = shutil.which("uv")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / ("uv.exe" if os.name == "nt" else "uv")
+    if beside.exists():
+        return str(beside)
+    raise ToolError(
+        "uv not found on PATH or beside this Python; install it: python3 -m pip install 'nox[uv]'"
+    )
+
+
+def run_uv(*args: str, env: Mapping[str, str] | None = None) -> str:
+    cmd = [find_uv(), *args]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, **UV_ENV, **(env or {})}, check=False
+    )
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()] or ["(no output)"]
+        detail = next((ln for ln in lines if "error" in ln.lower()), lines[-1])
+        raise ToolError(f"`uv {' '.join(args[:3])} ...` failed with exit {proc.returncode}: {detail.strip()}")
+    return proc.stdout
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _file_digest(path: Path) -> str | None:
+    return fetch.sha256_file(path) if path.exists() else None
+
+
+def _make(
+    venv: Path, python: str, packages: Sequence[str], constraints: Path, stamp: Mapping[str, object]
+) -> Path:
+    stamp_file = venv / "lepatch-stamp.json"
+    py = _venv_python(venv)
+    if py.exists() and stamp_file.exists():
+        try:
+            if json.loads(stamp_file.read_text()) == stamp:
+                return py
+        except ValueError:
+            pass
+    if venv.exists():
+        shutil.rmtree(venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    run_uv("venv", "--quiet", "-p", python, str(venv))
+    args = ["pip", "install", "--quiet", "--python", str(py), "-c", str(constraints), *packages]
+    run_uv(*args, env={"UV_COMPILE_BYTECODE": "1"})
+    stamp_file.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+    return py
+
+
+def _python_identity(python: str) -> str:
+    out = subprocess.run(
+        [python, "-c", "import sys; print(sys.version.split()[0], sys.base_prefix)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def oldest_python(wheel: Path) -> str:
+    """The lowest Python the wheel's ``Requires-Python`` admits ("3.11" for 3.4.0b2), else 3.10."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode()
+    m = re.search(r"^Requires-Python:.*>=\s*(\d+\.\d+)", text, re.M)
+    return m.group(1) if m else "3.10"
+
+
+def interpreter_for(wheel: Path, python: str | None = None) -> str:
+    """``python`` (default: this one) if the wheel's Requires-Python admits it, else a newer
+    ``python3.X`` from PATH (3.4's Airflow needs 3.11); a clear error when there is none."""
+    want = tuple(int(x) for x in oldest_python(wheel).split("."))
+    python = python or sys.executable
+    have = _python_identity(python).split()[0]
+    if tuple(int(x) for x in have.split(".")[:2]) >= want:
+        return python
+    for minor in range(want[1], 16):
+        found = shutil.which(f"python{want[0]}.{minor}")
+        if found:
+            return found
+    raise ToolError(
+        f"{wheel.name} needs Python >= {want[0]}.{want[1]}, and {python} is {have} with no newer "
+        f"python{want[0]}.X on PATH; run with a newer Python"
+    )
+
+
+def newer_python(minimum: tuple[int, int] = (3, 12)) -> str | None:
+    """A Python >= ``minimum`` to run the tests under as well: ``python3.X`` from PATH that runs (a pyenv
+    shim may not), else pyenv's own installs; the newest found, or None."""
+    found: list[tuple[tuple[int, int], str]] = []
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for minor in range(minimum[1], 16):
+        name = f"python{minimum[0]}.{minor}"
+        candidates = [
+            shutil.which(name),
+            *sorted(str(p) for p in root.glob(f"{minimum[0]}.{minor}.*/bin/{name}")),
+        ]
+        for candidate in filter(None, candidates):
+            try:
+                _python_identity(candidate)
+            except (OSError, subprocess.CalledProcessError):
+                continue
+            found.append(((minimum[0], minor), candidate))
+            break
+    return max(found)[1] if found else None
+
+
+def venv_name(line: Line, python: str | None = None) -> str:
+    """``build/venvs/<name>``: the line's, or ``<line>-py3.13`` for another interpreter than the default."""
+    if python is None:
+        return line.name
+    return f"{line.name}-py{'.'.join(_python_identity(python).split()[0].split('.')[:2])}"
+
+
+def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None) -> Path:
+    """Python of ``build/venvs/<line>`` (``<line>-py3.X`` with another ``python``) with the pinned wheel
+    and the test packages; made once."""
+    if not isinstance(line, Line):
+        line = pins.get_line(line)
+    constraints = layout.constraints / f"{line.name}.txt"
+    if not constraints.exists():
+        raise ToolError(
+            f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
+        )
+    wheel = fetch.ensure_wheel(line, layout)
+    # why every pin's wheel: the venv's task-sdk is then the verified one the supervisor patches
+    # apply to, and it is cached for the tools' tests, whose venv has no pip to download it.
+    wheels = [str(fetch.ensure_pin(pin, layout=layout)) for pin in line.pins]
+    name = venv_name(line, python)
+    python = interpreter_for(wheel, python)
+    stamp = {
+        "python": _python_identity(python),
+        "wheel_sha256": [pin.wheel_sha256 for pin in line.pins],
+        "constraints_sha256": _file_digest(constraints),
+        "packages": list(TEST_PACKAGES),
+    }
+    return _make(layout.build / "venvs" / name, python, [*wheels, *TEST_PACKAGES], constraints, stamp)
+
+
+def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:
+    """A venv with only pytest and pytest-timeout (tests/tools needs no Airflow), and every pinned
+    wheel in the cache: the tests read the bases from them, and this venv has no pip to fetch one."""
+    fetch.ensure_every_pin(layout)
+    python = python or sys.executable
+    constraints = layout.constraints / "tools.txt"
+    stamp = {
+        "python": _python_identity(python),
+        "constraints_sha256": _file_digest(constraints),
+        "packages": list(TEST_PACKAGES),
+    }
+    return _make(layout.build / "venvs" / "tools", python, list(TEST_PACKAGES), constraints, stamp)
+
+
+def purelib(python: Path | str) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def install_sources(python: Path | str, sources: Mapping[str, bytes]) -> list[Path]:
+    """Make each ``path -> bytes`` of ``sources`` the venv's file at that installed path."""
+    root = purelib(python)
+    targets = []
+    for rel, data in sources.items():
+        target = root / rel
+        if not target.exists():
+            raise ToolError(f"{python} has no {rel}: not a venv made by tools.engine.venvs.ensure")
+        if target.read_bytes() != data:
+            # why: uv hardlinks installed files to its cache; writing through would change every
+            # venv made from it. A new file renamed over the old one changes this venv alone.
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)
+        for pyc in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
+            pyc.unlink()
+        targets.append(target)
+    return targets
+
+
+def install_executor(python: Path | str, source: bytes) -> Path:
+    """Make ``source`` the venv's ``airflow/executors/local_executor.py``; return its path."""
+    return install_sources(python, {pins.PACKAGE_PATH: source})[0]
+
+
+def test_env(airflow_home: Path, layout: Layout = DEFAULT) -> dict[str, str]:
+    """Environment for running the executor tests: no database, tools importable."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(airflow_home),
+            "AIRFLOW__API_AUTH__JWT_SECRET": JWT_SECRET,
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(layout.root), env.get("PYTHONPATH", "")])),
+            # The supervisor tests time [workers] min_heartbeat_interval's default wait.
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "5",
+        }
+    )
+    return env
+
+
+def _cmd_venv(args: argparse.Namespace) -> int:
+    print(ensure_tools() if args.line == "tools" else ensure(args.line))
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("venv", help="make (or reuse) a line's test venv and print its python")
+    p.add_argument("--line", required=True, help="a release line, or 'tools' for the tooling tests")
+    p.set_defaults(func=_cmd_venv)

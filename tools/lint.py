@@ -1,0 +1,98 @@
+"""``python -m tools lint-series``: the series and what stands beside it, checked without running it.
+
+It reads every package's records, so it stands above them all: the series' conventions
+(``tools.engine.series``), the standalone PRs' headers (``tools.delivery.upstream_prs``), the series
+applied to every line (``tools.engine.apply``) and the model's overlay hash (``tools.measure.model``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tools.delivery import upstream_prs
+from tools.engine import apply as engine_mod
+from tools.engine.series import (
+    check_applied_upstream,
+    check_authors,
+    check_fields,
+    fixed_by_markers,
+    load_series,
+    read_series_names,
+    unreviewed,
+)
+from tools.measure import model
+from tools.shared import pins
+from tools.shared.layout import DEFAULT, Layout
+
+
+def lint_series(layout: Layout = DEFAULT) -> list[str]:
+    """Every problem with the series, one line each; empty when the series is sound."""
+    series = load_series(layout)
+    errors = list(series.problems)
+    seen: set[str] = set()
+    for name in series.names:
+        if name in seen:
+            errors.append(f"patches/series lists {name} twice")
+        seen.add(name)
+    for p in series.ordered():
+        errors.extend(check_fields(p))
+    errors.extend(check_authors(series))
+    if layout.patches.is_dir():
+        for path in sorted(layout.patches.glob("*.patch")):
+            if path.name not in seen:
+                errors.append(f"patches/{path.name} is not listed in patches/series")
+    line_names = {line.name for line in pins.LINES}
+    if layout.resolutions.is_dir():
+        for entry in sorted(layout.resolutions.iterdir()):
+            if not entry.is_dir():
+                errors.append(f"patches/resolutions/{entry.name}: expected a directory per release line")
+            elif entry.name not in line_names:
+                errors.append(
+                    f"patches/resolutions/{entry.name}/ is for an unknown line "
+                    f"(pinned: {', '.join(sorted(line_names))})"
+                )
+    for (line_name, name), res in sorted(series.resolutions.items()):
+        if name not in seen:
+            errors.append(f"patches/resolutions/{line_name}/{name} resolves a patch not in patches/series")
+        elif not res.files:
+            errors.append(f"patches/resolutions/{line_name}/{name} contains no diff")
+        for mark in unreviewed(res.diff or res.text):
+            errors.append(
+                f"patches/resolutions/{line_name}/{name} adds {mark!r}: a place the port left for review"
+            )
+    errors += upstream_prs.lint(layout)
+    for where, lineno, name in fixed_by_markers(layout, series):
+        if name not in seen:
+            at = f"{where}:{lineno}" if lineno else where
+            errors.append(f"{at}: fixed_by({name!r}) names a patch not in patches/series")
+    return errors
+
+
+def lint_against_engine(layout: Layout = DEFAULT) -> list[str]:
+    """The checks that need the series applied to every line (the engine downloads the bases)."""
+    engine = engine_mod.Engine(layout)
+    results = engine.apply_all()
+    statuses = {name: [p.status for p in res.patches] for name, res in results.items()}
+    errors = check_applied_upstream(engine.series, statuses)
+    return errors + model.overlay_hash_problems()
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    errors = lint_series()
+    if not errors:
+        errors = lint_against_engine()
+    for e in errors:
+        print(e)
+    n = len(read_series_names(DEFAULT.series_file))
+    if errors:
+        print(f"lint-series: {len(errors)} problem(s)")
+        return 1
+    print(f"lint-series: {n} patch(es), no problems")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "lint-series", help="check patches/series, DEP-3 headers, resolutions, fixed_by markers"
+    )
+    p.set_defaults(func=_cmd_lint)

@@ -1,0 +1,279 @@
+"""``python -m tools e2e`` (``nox -s e2e``): options in, one session of scenarios, exit status out."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from tools.measure.e2e import driver
+from tools.measure.e2e.driver import (
+    DEFAULT_SCENARIOS,
+    DEFAULT_TP_TASKS,
+    ORPHAN_DEADLINE,
+    SCENARIOS,
+    Options,
+    run_session,
+)
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import DEFAULT as LAYOUT
+
+# The driver's first docstring line says what the session does, for --help.
+DESCRIPTION = (driver.__doc__ or "").splitlines()[0]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scenario",
+        action="append",
+        choices=SCENARIOS,
+        dest="scenarios",
+        help=(
+            f"run only this scenario (repeatable; default: {', '.join(DEFAULT_SCENARIOS)}, in order; "
+            "kill-orphan and throughput only when asked for)"
+        ),
+    )
+    p.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
+    p.add_argument(
+        "--line", default=pins.PRIMARY.name, help="release line or pinned version (default %(default)s)"
+    )
+    p.add_argument(
+        "--stage",
+        type=int,
+        default=None,
+        help="executor stage: 0 = unpatched base, k = first k patches (default: the full series overlay)",
+    )
+    p.add_argument(
+        "--compare-stages",
+        metavar="LIST",
+        help=(
+            "run the scenarios once per stage, e.g. 0,9 or 0,full (full = the series overlay), and "
+            "end with the throughput figures of each as ratios to the first; replaces --stage"
+        ),
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --compare-stages: run the stages this many times, interleaved (0,9,0,9,...)",
+    )
+    p.add_argument("--parallelism", type=int, default=8)
+    p.add_argument(
+        "--tasks",
+        type=int,
+        default=DEFAULT_TP_TASKS,
+        help="throughput: how many no-op tasks its DAG has (default %(default)s)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=120.0,
+        help=(
+            f"seconds from trigger to a final run state (kill-orphan: at least {ORPHAN_DEADLINE:g}; "
+            "throughput: at least 60 + 1 per task)"
+        ),
+    )
+    p.add_argument(
+        "--stop-bound", type=float, default=30.0, help="seconds SIGTERM may take to stop the scheduler"
+    )
+    p.add_argument("--task-seconds", type=float, default=2.0, help="how long each DAG task sleeps")
+    p.add_argument(
+        "--min-heartbeat-interval",
+        type=int,
+        default=None,
+        help=(
+            "[workers] min_heartbeat_interval for the stack (Airflow's default: 5 s). It is also how long "
+            "task-sdk's supervisor can sleep after its task process exited (the stalls column of the "
+            "throughput table), the same for every stage: a lower value measures the executor with less "
+            "of that noise"
+        ),
+    )
+    p.add_argument(
+        "--trace-loops",
+        action="store_true",
+        help=(
+            "record the scheduler's loops from inside it (a hook put into the e2e venv for the session): "
+            "how many, how many queued something, their CPU and the time the executor's heartbeat took"
+        ),
+    )
+    p.add_argument(
+        "--airflow-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=(
+            "an environment variable for every stage's stack, last (repeatable), e.g. "
+            "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION=0; a stage whose executor does not read it "
+            "(the unpatched base) runs as without it"
+        ),
+    )
+    p.add_argument(
+        "--supervisor",
+        metavar="STAGE",
+        help=(
+            "task-sdk's supervisor.py from this stage (a number, or 'full') whatever the executor's stage; "
+            "e.g. --stage 0 --supervisor full: the unpatched executor with the series' supervisor fix"
+        ),
+    )
+    p.add_argument(
+        "--executor",
+        choices=("overlay", "package"),
+        default="overlay",
+        help=(
+            "overlay (default): the series' files in place of Airflow's; package: the line's wheel "
+            "(nox -s package) pip-installed into the e2e venv and chosen by AIRFLOW__CORE__EXECUTOR, "
+            "Airflow's own files left the pinned bases"
+        ),
+    )
+    p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    try:
+        line = pins.get_line(args.line)
+    except KeyError as e:
+        raise ToolError(str(e.args[0])) from None
+    if args.stage is not None and args.stage < 0:
+        raise ToolError(f"--stage must be >= 0, got {args.stage}")
+    if args.parallelism < 2:
+        raise ToolError("--parallelism must be at least 2 (the scenarios kill a worker)")
+    if args.tasks < 1:
+        raise ToolError(f"--tasks must be at least 1, got {args.tasks}")
+    if args.min_heartbeat_interval is not None and args.min_heartbeat_interval < 1:
+        raise ToolError(f"--min-heartbeat-interval must be at least 1, got {args.min_heartbeat_interval}")
+    compare = parse_stages(args.compare_stages) if args.compare_stages else []
+    if compare and args.stage is not None:
+        raise ToolError("--stage and --compare-stages exclude each other")
+    if args.executor == "package" and (compare or args.stage is not None or args.supervisor is not None):
+        raise ToolError(
+            "--executor package runs the full series' wheel: no --stage, --compare-stages or --supervisor"
+        )
+    if args.rounds < 1 or (args.rounds > 1 and not compare):
+        raise ToolError("--rounds must be at least 1, and more than 1 only with --compare-stages")
+    return Options(
+        line=line,
+        stage=args.stage,
+        db=args.db,
+        parallelism=args.parallelism,
+        scenarios=list(dict.fromkeys(args.scenarios or DEFAULT_SCENARIOS)),
+        deadline=args.deadline,
+        stop_bound=args.stop_bound,
+        task_seconds=args.task_seconds,
+        out=args.out.resolve(),
+        tasks=args.tasks,
+        compare=compare,
+        rounds=args.rounds,
+        min_heartbeat_interval=args.min_heartbeat_interval,
+        trace_loops=args.trace_loops,
+        airflow_env=parse_env(args.airflow_env),
+        supervisor=parse_supervisor(args.supervisor),
+        executor=args.executor,
+    )
+
+
+def parse_supervisor(text: str | None) -> int | str | None:
+    """``--supervisor``: a stage number, None for the series ('full'), or "" when not given."""
+    if text is None:
+        return ""
+    if text in ("full", "series"):
+        return None
+    if not text.isdigit():
+        raise ToolError(f"--supervisor: {text!r} is neither a stage number nor 'full'")
+    return int(text)
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` pairs, later ones winning; one-line error for anything else."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise ToolError(
+                f"--airflow-env wants NAME=VALUE with NAME an environment variable name, not {item!r}"
+            )
+        env[name] = value
+    return env
+
+
+def parse_stages(text: str) -> list[int | None]:
+    """``"0,9"`` -> [0, 9]; ``full`` (or ``series``) is the series overlay (None). At least two."""
+    out: list[int | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part in ("full", "series"):
+            stage: int | None = None
+        else:
+            try:
+                stage = int(part)
+            except ValueError:
+                raise ToolError(f"--compare-stages: {part!r} is neither a stage number nor 'full'") from None
+            if stage < 0:
+                raise ToolError(f"--compare-stages: stage must be >= 0, got {stage}")
+        if stage in out:
+            raise ToolError(f"--compare-stages: {part} given twice")
+        out.append(stage)
+    if len(out) < 2:
+        raise ToolError(f"--compare-stages needs at least two stages, got {text!r}")
+    return out
+
+
+def _cmd_e2e(args: argparse.Namespace) -> int:
+    return run_session(options_from(args))
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "e2e",
+        help="run the executor in a real Airflow and kill workers on purpose",
+        description=DESCRIPTION,
+    )
+    add_arguments(p)
+    p.set_defaults(func=_cmd_e2e)
+    lk = sub.add_parser(
+        "e2e-lock",
+        help="resolve each line's e2e environment as of its release into constraints/e2e-<line>.txt",
+    )
+    lk.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
+    lk.set_defaults(func=_cmd_e2e_lock)
+
+
+def _cmd_e2e_lock(args: argparse.Namespace) -> int:
+    from tools.measure.e2e import lock  # needs the index; the e2e session itself does not
+
+    try:
+        lines = [pins.get_line(name) for name in args.line] if args.line else list(pins.LINES)
+    except KeyError as e:
+        raise ToolError(str(e.args[0])) from None
+    for line in lines:
+        print(f"wrote {LAYOUT.rel(lock.lock_line(line))}")
+    return 0
+
+
+def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    # so that `finally` blocks stop every process this session started
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def parse_options(argv: list[str] | None = None) -> Options:
+    """The session's options from a command line, as ``python -m tools.measure.e2e`` reads it."""
+    parser = argparse.ArgumentParser(prog="python -m tools.measure.e2e", description=DESCRIPTION)
+    add_arguments(parser)
+    return options_from(parser.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        return run_session(parse_options(argv))
+    except ToolError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; every started process was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1180 @@
+"""``nox -s e2e``: the executor under test in a real Airflow, with workers killed on purpose.
+
+For each scenario the driver starts a fresh stack on loopback (``tools.measure.e2e.stack``: db migrate,
+then api-server, scheduler and dag-processor as separate processes, LocalExecutor, SQLite or
+PostgreSQL), triggers ``tests/e2e/dags/lepatch_e2e.py`` (30 short tasks, ``retries=1``) with the
+CLI, polls the REST API until the run is final or its deadline passes (``tools.measure.e2e.watch``),
+prints a timeline (``tools.measure.e2e.timeline``) and judges the outcome:
+
+clean
+    The run succeeds, every task on its first try.
+kill-running
+    A worker is SIGKILLed while its task runs (the API says ``running``, the task process is
+    the worker's child). The run must still end within the deadline, the killed task failed
+    and retried rather than left ``running``, every other task successful.
+kill-queued
+    A worker is SIGKILLed after it took a workload but before the task started, so the task
+    instance is still ``queued``. How that instant is caught deterministically: the driver polls
+    each worker's proctitle in /proc every millisecond; a worker's title changes from
+    ``<idle>`` to the task instance id right after ``input.get()`` returned. The driver then
+    SIGSTOPs it at once (every worker that took one since its last pass, before it looks at any:
+    at parallelism 32 the whole DAG arrives in one wave) and, once they are really stopped, looks
+    for a child: the supervisor forks the task process *before* it tells the API server the task
+    started, so a stopped worker with no child has provably not started its task. One such
+    worker is SIGKILLed. The others get SIGCONT, and if every one already had a child the driver
+    waits for the next workload (30 chances per run).
+    The key must then be failed or re-dispatched, never left ``queued``.
+kill-idle-reader
+    Before the trigger, the idle worker that holds the input queue's read lock (its wchan is a
+    pipe read while the other idle workers sleep on a futex) is SIGKILLed. Every task must still
+    run, and afterwards SIGTERM must stop the scheduler within ``--stop-bound`` seconds.
+sigterm-running
+    Once at least ``min(parallelism, 4)`` workers each have a task process (tasks running), the
+    scheduler is SIGTERMed, as a deploy or ``kill`` does. It must exit within ``--stop-bound``
+    seconds, and no process it had below it then (workers, task processes, what they started), nor
+    any process left in its workers' sessions, may be alive once it has exited (checked by pid;
+    whatever is left is named, then killed). The scheduler is then started again, as an operator
+    would, and the run must end ``success``, every task that was running at the SIGTERM on its
+    first try: ``end()`` lets a running task finish. A task queued but not started may run as try
+    2 (the new scheduler resets what the old one had queued).
+kill-orphan
+    Its own DAG, ``tests/e2e/dags/lepatch_e2e_orphan.py``: one task (``retries=1``, retry in 5 s)
+    that appends ``<try> <pid> <time>`` to a marks file (``LEPATCH_E2E_MARKS``) once a second for
+    40 s and writes no log meanwhile. Once try 1 has written two marks, the worker running it is
+    SIGKILLed. The driver then waits for a final run state (at least 150 s) and for try 1's task
+    process to be gone, and reads the marks (``tools.measure.e2e.orphan``): how long try 1 went on
+    marking after the kill, when try 2 began, and how long both were marking at once. It passes
+    only if they never overlapped and the run ended ``success``. Not in the default set (it adds
+    a minute and a half, and runs into its deadline on the unpatched base, which retries only
+    after the task heartbeat timeout): ask for it with ``--scenario kill-orphan``.
+throughput
+    Its own DAG, ``tests/e2e/dags/lepatch_e2e_throughput.py``: ``--tasks`` (default 200) no-op
+    PythonOperator tasks, ``max_active_tasks`` as high, nothing killed. It passes when the run
+    succeeds with every task on its first try; what it is for are its figures
+    (``tools.measure.e2e.throughput``): wall time from the first task queued to the last one ended,
+    tasks/s, and the queued-to-start (and scheduled-to-start) p50/p95 of the task instances.
+    ``[scheduler] task_queued_timeout`` is 600 s there (30 s otherwise): the unpatched base's
+    queue gets deeper than 30 s, and a requeue would change what is measured; with SQLite a
+    connection waits up to 60 s for the database lock (5 s otherwise). Not in the default set:
+    ask for it with ``--scenario throughput``, e.g. ``--tasks 200 --parallelism 16``.
+queued-timeout
+    Its own DAG, ``tests/e2e/dags/lepatch_e2e_long.py``: twice ``--parallelism`` tasks of 80 s
+    (``retries=0``) with ``[scheduler] task_queued_timeout`` 15 s, checked every 5 s. What is
+    queued behind the first wave waits a whole task for a worker, so the scheduler's
+    stuck-in-queued check revokes it and sets it back to scheduled; the third time it fails it. The
+    run passes when it succeeds, every task on its first try; the scheduler log's requeues and
+    failures by that check are reported. The series before patch 12 queues the revoked task into
+    its prefetch room again at once, and fails. Not in the default set (about three minutes):
+    ask for it with ``--scenario queued-timeout --parallelism 2``.
+
+In every scenario each component's database pool holds parallelism + 8 connections: with
+Airflow's 5 (+ 10 overflow), 16 supervisors starting at once exhaust the api-server's, which
+then fails task starts after 30 s. kill-queued at parallelism 30 or more runs the throughput
+DAG (4 x parallelism no-op tasks): the main DAG would reach every worker in one wave.
+
+``--compare-stages 0,9`` runs the selected scenarios once per stage (``full`` = the series
+overlay) in one invocation, each stage's executor installed in turn, and ends with a table of
+each stage's throughput figures as ratios to the first stage's; ``--rounds N`` runs that cycle
+N times, interleaved (0,9,0,9), and the table holds each stage's medians.
+
+Every process the session starts is stopped by pid, on success and failure alike. The JSON
+report goes to ``build/e2e/report.json`` (and a timestamped copy); each stack's logs stay in
+``build/e2e/<stamp>/<scenario>/``. Exit status 0 only if every selected scenario passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tools.engine import venvs
+from tools.measure.e2e import looptrace, orphan, procfs, throughput
+from tools.measure.e2e.judge import N_TASKS, Kill, judge
+from tools.measure.e2e.stack import AirflowStack, Postgres, StackConfig, StackError, tail
+from tools.measure.e2e.timeline import format_timeline, rows_from_api, summarize
+from tools.measure.e2e.watch import Json, RestApi, RunWatcher, TaskSnap, WatchResult
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import DEFAULT as LAYOUT
+
+if TYPE_CHECKING:
+    from tools.measure.e2e.venv import AirflowVenv
+
+DAGS_DIR = LAYOUT.root / "tests" / "e2e" / "dags"
+DAG_FILE = DAGS_DIR / "lepatch_e2e.py"
+DAG_ID = "lepatch_e2e"
+SCENARIOS = (
+    "clean",
+    "kill-running",
+    "kill-queued",
+    "kill-idle-reader",
+    "sigterm-running",
+    "kill-orphan",
+    "throughput",
+    "queued-timeout",
+)
+# What runs when no --scenario is given: all but kill-orphan, throughput and queued-timeout (see above).
+DEFAULT_SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader", "sigterm-running")
+# sigterm-running: how many tasks must be running (at most parallelism) when the scheduler is signalled.
+SIGTERM_RUNNING_TASKS = 4
+
+# kill-orphan: the task marks for ORPHAN_SECONDS, its try 1 is killed after ORPHAN_MARKS_BEFORE_KILL
+# marks, and the run gets at least ORPHAN_DEADLINE seconds (the retry alone runs ORPHAN_SECONDS).
+ORPHAN_SECONDS = 40
+ORPHAN_MARKS_BEFORE_KILL = 2
+ORPHAN_DEADLINE = 150.0
+MARKS_ENV = "LEPATCH_E2E_MARKS"
+ORPHAN_MARKS_FILE = "orphan-marks.txt"  # in the scenario's home
+# throughput: the DAG's task count comes from TP_TASKS_ENV; the run gets at least
+# TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks seconds. The watcher polls less often there
+# (TP_POLL_INTERVAL), so that its 200-row API reads take less CPU from the stack it measures.
+TP_TASKS_ENV = "LEPATCH_E2E_TP_TASKS"
+TP_DEADLINE_BASE = 60.0
+TP_DEADLINE_PER_TASK = 1.0
+TP_POLL_INTERVAL = 2.0
+TP_QUEUED_TIMEOUT = 600.0  # [scheduler] task_queued_timeout for throughput (30 s otherwise)
+TP_SQLITE_BUSY_TIMEOUT = 60.0  # SQLite lock wait for throughput (the driver's default is 5 s)
+# queued-timeout: 2 x parallelism tasks of QT_TASK_SECONDS, outlasting three rounds of the
+# stuck-in-queued check (QT_QUEUED_TIMEOUT, checked every QT_CHECK_INTERVAL): the third fails a task.
+QT_TASKS_ENV = "LEPATCH_E2E_LONG_TASKS"
+QT_TASK_SECONDS = 80.0
+QT_QUEUED_TIMEOUT = 15.0
+QT_CHECK_INTERVAL = 5.0
+# The scheduler's log lines for a stuck-in-queued requeue and for the failure that ends them.
+QT_REQUEUED = "Task stuck in queued; will try to requeue"
+QT_FAILED = "Task requeue attempts exceeded max; marking failed"
+# Each component's database pool holds this many connections beyond parallelism. With Airflow's
+# 5 + 10, 16 task supervisors starting at once (each PATCH .../run holds one) plus the driver's
+# polling waited 30 s for a connection in the api-server; the timed-out starts failed their tasks
+# and left some ``running`` in the API. Seen on the unpatched base and the series alike.
+POOL_HEADROOM = 8
+# Above this many rows the printed timeline is only its summary line (the report keeps it all).
+MAX_TIMELINE_ROWS = 40
+
+
+@dataclass(frozen=True)
+class DagSpec:
+    file: Path
+    dag_id: str
+    n_tasks: int
+
+
+MAIN_DAG = DagSpec(DAG_FILE, DAG_ID, N_TASKS)
+ORPHAN_DAG = DagSpec(DAGS_DIR / "lepatch_e2e_orphan.py", "lepatch_e2e_orphan", 1)
+THROUGHPUT_DAG_FILE = DAGS_DIR / "lepatch_e2e_throughput.py"
+THROUGHPUT_DAG_ID = "lepatch_e2e_throughput"
+LONG_DAG_FILE = DAGS_DIR / "lepatch_e2e_long.py"
+LONG_DAG_ID = "lepatch_e2e_long"
+DEFAULT_TP_TASKS = 200
+
+
+def dag_for(name: str, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
+    """The DAG a scenario triggers (``tasks``: the throughput DAG's task count).
+
+    kill-queued needs workloads that reach workers one at a time, as running ones end: at
+    parallelism 30 or more the main DAG is one wave, every worker forks at once and a title read
+    waits for the fork to finish (it needs the worker's memory map), so no worker is ever seen
+    before its fork. There it runs the throughput DAG's no-op tasks, 4 x parallelism of them.
+    """
+    if name == "kill-orphan":
+        return ORPHAN_DAG
+    if name == "throughput":
+        return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, tasks)
+    if name == "queued-timeout":
+        return DagSpec(LONG_DAG_FILE, LONG_DAG_ID, 2 * parallelism)
+    if name == "kill-queued" and parallelism >= MAIN_DAG.n_tasks:
+        return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, 4 * parallelism)
+    return MAIN_DAG
+
+
+def scenario_deadline(name: str, deadline: float, tasks: int = DEFAULT_TP_TASKS) -> float:
+    """The deadline a scenario runs with: --deadline, raised to ORPHAN_DEADLINE for kill-orphan
+    and to TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks for throughput; queued-timeout gets
+    its two waves of tasks and one more."""
+    if name == "kill-orphan":
+        return max(deadline, ORPHAN_DEADLINE)
+    if name == "queued-timeout":
+        return max(deadline, 3 * QT_TASK_SECONDS)
+    if name == "throughput":
+        return max(deadline, TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks)
+    return deadline
+
+
+def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str, str]:
+    """The environment a scenario's stack gets on top of the stack's own: what the scenario needs,
+    then ``--min-heartbeat-interval`` and ``--trace-loops``, then ``--airflow-env`` (the operator's
+    word is last)."""
+    env: dict[str, str] = {}
+    if name == "kill-orphan":
+        env[MARKS_ENV] = str(home / ORPHAN_MARKS_FILE)
+        env["LEPATCH_E2E_ORPHAN_SECONDS"] = str(ORPHAN_SECONDS)
+    if dag.file == THROUGHPUT_DAG_FILE:
+        env[TP_TASKS_ENV] = str(dag.n_tasks)
+    if name == "queued-timeout":
+        env[QT_TASKS_ENV] = str(dag.n_tasks)
+        env["AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL"] = f"{QT_CHECK_INTERVAL:g}"
+    if opts.min_heartbeat_interval is not None:
+        env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = str(opts.min_heartbeat_interval)
+    if opts.trace_loops:
+        env[looptrace.ENV] = str(home / looptrace.TRACE_FILE)
+    if opts.executor == "package":
+        from tools.delivery import package
+
+        env["AIRFLOW__CORE__EXECUTOR"] = package.EXECUTOR_CLASS
+    env.update(opts.airflow_env)
+    return env
+
+
+def stage_label(stage: int | None) -> str:
+    """How a stage is named in the comparison table: "stage 0", "stage 9", "full series"."""
+    return "full series" if stage is None else f"stage {stage}"
+
+
+# -- options and results -----------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    line: pins.Line
+    stage: int | None
+    db: str
+    parallelism: int
+    scenarios: list[str]
+    deadline: float
+    stop_bound: float
+    task_seconds: float
+    out: Path
+    tasks: int = DEFAULT_TP_TASKS  # the throughput DAG's task count
+    compare: list[int | None] = field(default_factory=list)  # --compare-stages; None = full series
+    rounds: int = 1  # --rounds: the --compare-stages cycle, run this many times (interleaved)
+    min_heartbeat_interval: int | None = None  # [workers] min_heartbeat_interval; None: Airflow's
+    trace_loops: bool = False  # --trace-loops: record the scheduler's loops (tools/measure/e2e/looptrace.py)
+    airflow_env: dict[str, str] = field(default_factory=dict)  # --airflow-env: for every stage's stack
+    # --supervisor: task-sdk's supervisor.py from this stage (None: the series) whatever the executor's;
+    # "" (default): the executor's own stage.
+    supervisor: int | str | None = ""
+    # --executor: "overlay" (the files above, in place of Airflow's) or "package" (the line's wheel of
+    # tools.delivery.package pip-installed, chosen by [core] executor; Airflow's files stay the bases).
+    executor: str = "overlay"
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    passed: bool
+    failures: list[str]
+    run_state: str | None
+    final: bool
+    timings: dict[str, float | None]
+    counts: dict[str, int]
+    kill: Kill | None
+    events: list[tuple[float, str]]
+    health_at_end: Json | None
+    stop: Json
+    timeline: str
+    logs: str
+    extra: Json = field(default_factory=dict)
+
+
+# -- the killers --------------------------------------------------------------------------------
+
+
+class Run:
+    """One scenario's live context: stack, watcher, the driver's own events."""
+
+    def __init__(
+        self,
+        name: str,
+        stack: AirflowStack,
+        api: RestApi,
+        opts: Options,
+        say: Callable[[str], None],
+        dag: DagSpec = MAIN_DAG,
+        deadline: float | None = None,
+        marks: Path | None = None,
+    ):
+        self.name = name
+        self.stack = stack
+        self.api = api
+        self.opts = opts
+        self.say = say
+        self.dag = dag
+        self.deadline = opts.deadline if deadline is None else deadline
+        self.marks = marks  # kill-orphan's marks file
+        self.run_id = f"e2e-{name}"
+        self.watcher = RunWatcher(api, dag.dag_id, self.run_id)
+        self.events: list[tuple[float, str]] = []
+        self.kill: Kill | None = None
+        self.failures: list[str] = []  # what an action of the scenario (DURING/BEFORE) found wrong
+        self.done = threading.Event()
+        self.extra: Json = {}
+
+    def t(self) -> float:
+        """Seconds since the trigger; 0 before it (a stack that failed to start still logs its events)."""
+        return self.watcher.now() if self.watcher.t0 is not None else 0.0
+
+    def event(self, text: str, t: float | None = None) -> None:
+        t = self.t() if t is None else t
+        self.events.append((t, text))
+        self.say(f"  {t:+8.2f}  {text}")
+
+    def remaining(self) -> float:
+        return self.deadline - self.t()
+
+    def snap_for(self, ti_id: str) -> TaskSnap | None:
+        last = self.watcher.last
+        return last.by_ti_id(ti_id) if last else None
+
+    def fresh_snap_for(self, ti_id: str) -> TaskSnap | None:
+        """Ask the API now rather than trust the watcher's last poll."""
+        try:
+            tis = self.api.task_instances(self.dag.dag_id, self.run_id)
+        except (OSError, ValueError, KeyError):
+            return self.snap_for(ti_id)
+        d = next((d for d in tis if d.get("id") == ti_id), None)
+        return TaskSnap.from_api(d) if d else None
+
+
+def kill_running(run: Run) -> None:
+    """SIGKILL a worker whose task process runs and whose task instance the API calls running."""
+    sched = run.stack.scheduler_pid
+    while not run.done.is_set() and run.remaining() > 0:
+        for w in procfs.workers_of(sched):
+            if not w.busy_with or not w.children:
+                continue
+            ts = run.fresh_snap_for(w.busy_with)
+            if ts is None or ts.state != "running":
+                continue
+            procfs.send(w.pid, signal.SIGKILL)
+            run.kill = Kill(
+                run.t(),
+                w.pid,
+                ts.task_id,
+                ts.ti_id,
+                ts.try_number,
+                ts.state,
+                f"task process {','.join(map(str, w.children))} left running",
+            )
+            run.event(
+                f"SIGKILL worker {w.pid} while it ran {ts.task_id} try {ts.try_number} "
+                f"(API: running, task pid {ts.pid})"
+            )
+            return
+        time.sleep(0.05)
+    run.event("no worker with a running task was caught before the deadline")
+
+
+@contextlib.contextmanager
+def _urgent() -> Iterator[None]:
+    """Run the calling thread at the highest priority it may take (Linux nice is per thread).
+
+    kill-queued races a worker from its title change to its fork, a few milliseconds; at
+    parallelism 32 on two cores, 30 workers wake at once and a thread at nice 0 gets its turn
+    only after they have all forked. Without the privilege to raise it, it stays as it is.
+    """
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -20)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, before)
+
+
+def kill_queued(run: Run) -> None:
+    """Freeze a worker the instant it takes a workload; kill it only if it has not forked yet."""
+    with _urgent():
+        _kill_queued(run)
+
+
+def _kill_queued(run: Run) -> None:
+    sched = run.stack.scheduler_pid
+    tried: set[tuple[int, str]] = set()
+    missed = 0
+    pids: list[int] = []
+    refreshed = 0.0
+    while not run.done.is_set() and run.remaining() > 0:
+        now = time.monotonic()
+        if now - refreshed > 0.1:  # new workers appear when the executor replaces dead ones
+            pids = [w.pid for w in procfs.workers_of(sched)]
+            refreshed = now
+        # Stop every worker that took a workload since the last pass before looking at any of them:
+        # with a wave of workloads (parallelism 32 takes the whole DAG at once) a worker looked at
+        # one by one has long forked by the time its turn comes.
+        caught: list[tuple[int, str]] = []
+        for pid in pids:
+            try:
+                ti_id = procfs.worker_busy_with(procfs.cmdline(pid))
+            except procfs.ProcGone:
+                continue
+            if ti_id is None or (pid, ti_id) in tried:
+                continue
+            tried.add((pid, ti_id))
+            procfs.send(pid, signal.SIGSTOP)
+            caught.append((pid, ti_id))
+        if not caught:
+            time.sleep(0.001)
+            continue
+        stopped = [(pid, ti_id) for pid, ti_id in caught if procfs.wait_stopped(pid)]
+        stats = procfs.all_stats()
+        victim: tuple[int, str] | None = None
+        for pid, ti_id in stopped:
+            if procfs.children(pid, stats):
+                # Too late: the supervisor forked, it may have told the API the task started.
+                missed += 1
+            elif victim is None:
+                victim = (pid, ti_id)
+        for pid, _ in caught:
+            if victim is None or pid != victim[0]:
+                procfs.send(pid, signal.SIGCONT)
+        if victim is None:
+            continue
+        pid, ti_id = victim
+        t_kill = run.t()
+        procfs.send(pid, signal.SIGKILL)
+        ts = run.fresh_snap_for(ti_id)
+        run.kill = Kill(
+            t_kill,
+            pid,
+            ts.task_id if ts else None,
+            ti_id,
+            ts.try_number if ts else None,
+            ts.state if ts else None,
+            f"stopped before its supervisor forked (missed {missed} earlier workloads)",
+        )
+        run.extra["missed_after_fork"] = missed
+        run.event(
+            f"SIGKILL worker {pid}: took {ts.task_id if ts else ti_id} "
+            f"try {ts.try_number if ts else '?'} "
+            f"but had not forked its task (API: {ts.state if ts else '?'}; "
+            f"{missed} other catches were already past the fork)",
+            t_kill,
+        )
+        return
+    run.extra["missed_after_fork"] = missed
+    run.event(f"no worker caught between taking a workload and forking ({missed} caught too late)")
+
+
+def kill_idle_reader(run: Run) -> None:
+    """Before the trigger: SIGKILL the idle worker blocked in the input pipe's read (the lock holder)."""
+    deadline = time.monotonic() + 10
+    while True:
+        workers = procfs.workers_of(run.stack.scheduler_pid)
+        try:
+            holder, shared = procfs.find_read_lock_holder(workers)
+            break
+        except procfs.NoLockHolder as e:
+            if time.monotonic() > deadline:
+                raise StackError(f"cannot pick the idle worker to kill: {e}") from e
+            time.sleep(0.1)
+    table = ", ".join(f"{w.pid}:{w.wait}" for w in workers)
+    procfs.send(holder.pid, signal.SIGKILL)
+    what = (
+        "holding the input queue's read lock"
+        if shared
+        else "reading its own input pipe (no shared read lock: every idle worker is in a pipe read)"
+    )
+    run.extra.update(idle_workers_before_kill=table, shared_read_lock=shared, kill_monotonic=time.monotonic())
+    run.kill = Kill(0.0, holder.pid, None, None, None, None, f"idle worker {what}; workers were {table}")
+    run.say(f"  SIGKILL idle worker {holder.pid} {what} (wchan {holder.wchan}; workers {table})")
+
+
+def kill_orphan(run: Run) -> None:
+    """Once try 1 has marked a few times, SIGKILL the worker whose child is that task process."""
+    assert run.marks is not None
+    sched = run.stack.scheduler_pid
+    while not run.done.is_set() and run.remaining() > 0:
+        first = orphan.of_try(orphan.read_marks(run.marks), 1)
+        if len(first) < ORPHAN_MARKS_BEFORE_KILL:
+            time.sleep(0.05)
+            continue
+        lineage = _ancestors(first[-1].pid)
+        for w in procfs.workers_of(sched):
+            if not w.busy_with or w.pid not in lineage:
+                continue
+            ts = run.fresh_snap_for(w.busy_with)
+            kill_wall = time.time()
+            t_kill = run.t()
+            procfs.send(w.pid, signal.SIGKILL)
+            run.kill = Kill(
+                t_kill,
+                w.pid,
+                ts.task_id if ts else None,
+                w.busy_with,
+                ts.try_number if ts else 1,
+                ts.state if ts else None,
+                f"after {len(first)} marks of try 1; task process {','.join(map(str, w.children))}",
+            )
+            run.extra.update(
+                kill_wall=kill_wall,
+                killed_worker=w.pid,
+                killed_task_pids=list(w.children),
+            )
+            run.event(
+                f"SIGKILL worker {w.pid} while it ran {ts.task_id if ts else w.busy_with} "
+                f"try {ts.try_number if ts else '?'} (API: {ts.state if ts else '?'}; "
+                f"task pid {','.join(map(str, w.children))}, {len(first)} marks so far)",
+                t_kill,
+            )
+            return
+        time.sleep(0.05)
+    run.event("try 1 of the orphan task was never caught marking under a worker before the deadline")
+
+
+def measure_orphan(run: Run, final: bool, run_state: str | None) -> list[str]:
+    """After the run: wait for try 1's task process to be gone, then judge the marks file."""
+    assert run.marks is not None
+    kill_wall = run.extra.get("kill_wall")
+    if run.kill is None or kill_wall is None:
+        return orphan.judge_marks(None, final, run_state)
+    pids = [int(p) for p in run.extra.get("killed_task_pids", [])]
+    # An orphan marks until its body ends, ORPHAN_SECONDS after it started; give it that, and a bit.
+    give_up = time.monotonic() + max(0.0, float(kill_wall) + ORPHAN_SECONDS + 5 - time.time())
+    alive = _alive(pids)
+    while alive and time.monotonic() < give_up:
+        time.sleep(0.5)
+        alive = _alive(pids)
+    fig = orphan.figures(orphan.read_marks(run.marks), float(kill_wall), run.kill.try_number or 1)
+    run.extra["orphan"] = fig.as_json()
+    run.extra["killed_task_pids_alive_at_end"] = alive
+    run.extra["orphan_summary"] = fig.text()
+    run.event(f"marks: {fig.text()}" + (f"; task pids {alive} still alive" if alive else ""))
+    return orphan.judge_marks(fig, final, run_state)
+
+
+def _ancestors(pid: int) -> list[int]:
+    """``pid``'s parent, grandparent, ... up to init; empty when ``pid`` is gone."""
+    out: list[int] = []
+    while pid > 1 and len(out) < 64:
+        try:
+            pid = procfs.stat(pid).ppid
+        except procfs.ProcGone:
+            break
+        out.append(pid)
+    return out
+
+
+def _alive(pids: Iterable[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if procfs.stat(pid).state != "Z":
+                out.append(pid)
+        except procfs.ProcGone:
+            pass
+    return out
+
+
+def sigterm_scheduler(run: Run) -> str | None:
+    """SIGTERM the scheduler; a failure line if it is still there after --stop-bound seconds."""
+    proc = run.stack.procs["scheduler"]
+    if not proc.alive():
+        return f"scheduler had already exited ({proc.exit_code()}) before SIGTERM"
+    sched = proc.pid
+    run.event(f"SIGTERM scheduler {sched}")
+    t0 = time.monotonic()
+    procfs.send(sched, signal.SIGTERM)
+    popen = proc.popen
+    assert popen is not None
+    try:
+        popen.wait(run.opts.stop_bound)
+    except subprocess.TimeoutExpired:
+        waits = [f"scheduler:{_wchan_or_gone(sched)}"]
+        waits += [f"{w.pid}:{w.wchan}" for w in procfs.workers_of(sched)]
+        run.extra["scheduler_stop_seconds"] = None
+        run.event(
+            f"scheduler still alive {run.opts.stop_bound:g} s after SIGTERM "
+            f"(wchans {', '.join(waits)}); SIGKILL"
+        )
+        procfs.send(sched, signal.SIGKILL)
+        popen.wait(10)
+        return (
+            f"SIGTERM did not stop the scheduler within {run.opts.stop_bound:g} s "
+            f"(hung; wchans {', '.join(waits)})"
+        )
+    secs = time.monotonic() - t0
+    run.extra["scheduler_stop_seconds"] = round(secs, 2)
+    run.event(f"scheduler exited {proc.exit_code()} {secs:.1f} s after SIGTERM")
+    return None
+
+
+def sigterm_running(run: Run) -> None:
+    """SIGTERM the scheduler while tasks run; check what it leaves behind; start it again."""
+    sched = run.stack.scheduler_pid
+    want = min(run.opts.parallelism, SIGTERM_RUNNING_TASKS)
+    seen: list[procfs.Worker] = []
+    busy: list[procfs.Worker] = []
+    while not run.done.is_set() and run.remaining() > 0:
+        seen = procfs.workers_of(sched)
+        busy = [w for w in seen if w.busy_with and w.children]
+        if len(busy) >= want:
+            break
+        time.sleep(0.05)
+    else:
+        run.failures.append(f"fewer than {want} tasks were ever running at once; no SIGTERM sent")
+        run.event(f"fewer than {want} tasks were ever running at once before the deadline")
+        return
+    workers = [w.pid for w in seen]
+    below = procfs.descendants(sched)
+    run.extra.update(
+        running_at_sigterm=[w.busy_with for w in busy],
+        workers_at_sigterm=workers,
+        pids_below_scheduler_at_sigterm=below,
+    )
+    run.event(f"{len(busy)} tasks running on workers {', '.join(str(w.pid) for w in busy)}")
+    problem = sigterm_scheduler(run)
+    if problem:
+        run.failures.append(problem)
+    # Patched workers lead sessions of their own; unpatched ones share the scheduler's.
+    left = sorted(set(_alive(below)) | set(procfs.session_members([sched, *workers])))
+    run.extra["left_behind"] = left
+    if left:
+        named = ", ".join(f"{pid} ({_title_or_gone(pid)})" for pid in left[:6])
+        run.failures.append(f"{len(left)} process(es) left behind after the scheduler exited: {named}")
+        run.event(f"left behind: {named}; SIGKILL")
+        procfs.kill_pids(left)
+    else:
+        run.event(f"nothing left behind of the {len(below)} processes below the scheduler")
+    secs = run.extra.get("scheduler_stop_seconds")
+    run.extra["sigterm_summary"] = (
+        f"SIGTERM with {len(busy)} tasks running: scheduler "
+        + (
+            f"exited {run.stack.procs['scheduler'].exit_code()} after {secs:.1f} s"
+            if secs is not None
+            else "hung"
+        )
+        + f", {len(left)} of {len(below)} processes below it left behind"
+    )
+    proc = run.stack.restart("scheduler")
+    run.event(f"scheduler started again, pid {proc.pid}")
+
+
+def stuck_in_queued(scheduler_log: Path) -> tuple[int, int]:
+    """How many times the scheduler's stuck-in-queued check requeued a task, and failed one."""
+    try:
+        text = scheduler_log.read_text(errors="replace")
+    except OSError:
+        return 0, 0
+    return text.count(QT_REQUEUED), text.count(QT_FAILED)
+
+
+def _cpu_by_component(stack: AirflowStack) -> dict[str, float]:
+    """CPU seconds each component has used so far: the scheduler's own process (its threads, the
+    executor's included) apart from its workers and their task processes."""
+    out: dict[str, float] = {}
+    stats = procfs.all_stats()
+    by_pid = {s.pid: s for s in stats}
+    for name, proc in stack.procs.items():
+        if proc.popen is None or proc.pid not in by_pid:
+            continue
+        tree = procfs.tree_cpu_seconds(proc.pid, stats)
+        if name == "scheduler":
+            own = by_pid[proc.pid].cpu_seconds(reaped_children=False)
+            out["scheduler"] = round(own, 1)
+            out["workers+tasks"] = round(tree - own, 1)
+        else:
+            out[name] = round(tree, 1)
+    return out
+
+
+def _title_or_gone(pid: int) -> str:
+    try:
+        return procfs.cmdline(pid)[:60]
+    except procfs.ProcGone:
+        return "gone"
+
+
+def _wchan_or_gone(pid: int) -> str:
+    try:
+        return procfs.wchan(pid)
+    except procfs.ProcGone:
+        return "gone"
+
+
+DURING: dict[str, Callable[[Run], None]] = {
+    "kill-running": kill_running,
+    "kill-queued": kill_queued,
+    "kill-orphan": kill_orphan,
+    "sigterm-running": sigterm_running,
+}
+BEFORE: dict[str, Callable[[Run], None]] = {"kill-idle-reader": kill_idle_reader}
+
+
+# -- one scenario --------------------------------------------------------------------------------
+
+
+class ScenarioRunner:
+    def __init__(
+        self, opts: Options, venv_path: Path, workdir: Path, pg: Postgres | None, say: Callable[[str], None]
+    ):
+        self.opts = opts
+        self.venv_path = venv_path
+        self.workdir = workdir
+        self.pg = pg
+        self.say = say
+
+    def run(self, name: str) -> ScenarioResult:
+        home = self.workdir / name
+        dag = dag_for(name, self.opts.tasks, self.opts.parallelism)
+        deadline = scenario_deadline(name, self.opts.deadline, self.opts.tasks)
+        marks = home / ORPHAN_MARKS_FILE if name == "kill-orphan" else None
+        extra_env = scenario_env(self.opts, name, dag, home)
+        trace = home / looptrace.TRACE_FILE if self.opts.trace_loops else None
+        cfg = StackConfig(
+            venv=self.venv_path,
+            home=home,
+            dag_file=dag.file,
+            db_url=self.pg.new_database() if self.pg else None,
+            parallelism=self.opts.parallelism,
+            task_seconds=self.opts.task_seconds,
+            extra_env=extra_env,
+            db_pool_size=self.opts.parallelism + POOL_HEADROOM,
+        )
+        if name == "throughput":
+            # A slow stage's queue may well be 30 s deep; a requeue would change what is measured.
+            cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
+            # 16 workers' task processes and a loaded machine: 5 s of SQLite lock wait is not enough.
+            cfg.sqlite_busy_timeout = TP_SQLITE_BUSY_TIMEOUT
+        if name == "queued-timeout":
+            cfg.task_seconds = QT_TASK_SECONDS
+            cfg.task_queued_timeout = QT_QUEUED_TIMEOUT
+        stack = AirflowStack(cfg, self.say)
+        api = RestApi(stack.api)
+        run = Run(name, stack, api, self.opts, self.say, dag=dag, deadline=deadline, marks=marks)
+        if name == "throughput":
+            run.watcher.interval = TP_POLL_INTERVAL
+        timings: dict[str, float | None] = {"deadline_s": deadline}
+        failures: list[str] = []
+        watch: WatchResult | None = None
+        health = None
+        stop_info: Json = {}
+        tasks: dict[str, TaskSnap] = {}
+        tries: dict[str, list[Json]] = {}
+        throughput_tis: list[Json] = []
+        throughput_run: Json | None = None
+        t0_wall = datetime.now(timezone.utc)
+        size = f"{dag.n_tasks} tasks, " if name == "throughput" else ""
+        self.say(
+            f"\n== {name} ({size}{self.opts.db}, parallelism {self.opts.parallelism}, "
+            f"deadline {deadline:g} s)"
+        )
+        try:
+            t_launch = time.monotonic()
+            stack.launch()
+            timings["migrate_s"] = round((stack.launched_at or t_launch) - t_launch, 2)
+            timings["ready_s"] = round(stack.wait_ready(dag.dag_id), 2)
+            self.say(
+                f"  stack ready {timings['ready_s']:.1f} s after launch "
+                f"(db migrate {timings['migrate_s']:.1f} s), "
+                f"api {stack.api}, scheduler pid {stack.scheduler_pid}"
+            )
+            if name in BEFORE:
+                BEFORE[name](run)
+                time.sleep(1.0)  # let the scheduler's next sync see the dead worker
+            t0_wall = datetime.now(timezone.utc)
+            run.watcher.start_clock()
+            if run.kill is not None and name in BEFORE:
+                run.kill.t = round(run.extra.pop("kill_monotonic") - run.watcher.t0, 2)
+                run.events.append(
+                    (run.kill.t, f"SIGKILL {run.kill.detail.split(';')[0]} (pid {run.kill.pid})")
+                )
+            stack.airflow("dags", "trigger", dag.dag_id, "--run-id", run.run_id)
+            run.event(
+                f"airflow dags trigger {dag.dag_id} --run-id {run.run_id} (returned after {run.t():.1f} s)",
+                0.0,
+            )
+            watch = self._watch(run, failures)
+            timings["run_s"] = round(watch.elapsed, 2) if watch.final else None
+            timings["first_running_s"] = next(
+                (round(tr.t, 2) for tr in watch.transitions if tr.state == "running"), None
+            )
+            if watch.final:
+                run.event(f"run {watch.run_state}", watch.elapsed)
+            else:
+                run.event(f"deadline: run still {watch.run_state}", watch.elapsed)
+            health = api.health()
+            h = _health_text(health)
+            run.event(f"health endpoint: {h}")
+            tasks = {ts.task_id: ts for ts in (watch.last.tasks.values() if watch.last else [])}
+            tis = _safe(partial(api.task_instances, dag.dag_id, run.run_id))
+            if tis:
+                tasks = {d["task_id"]: TaskSnap.from_api(d) for d in tis}
+            for task_id, ts in tasks.items():
+                if ts.try_number > 1 or (run.kill and run.kill.task_id == task_id):
+                    tries[task_id] = _safe(partial(api.tries, dag.dag_id, run.run_id, task_id))
+            failures += judge(
+                name,
+                watch,
+                deadline,
+                tasks,
+                tries,
+                run.kill,
+                n_tasks=dag.n_tasks,
+                running_at_sigterm=run.extra.get("running_at_sigterm", ()),
+            )
+            failures += run.failures
+            if name == "kill-orphan":
+                failures += measure_orphan(run, watch.final, watch.run_state)
+            if name == "throughput" and tis:
+                throughput_tis = tis
+                throughput_run = _safe_one(partial(api.run, dag.dag_id, run.run_id))
+            if name == "kill-idle-reader":
+                problem = sigterm_scheduler(run)
+                if problem:
+                    failures.append(problem)
+        except StackError as e:
+            failures.append(str(e))
+        except ToolError as e:
+            failures.append(str(e))
+        finally:
+            run.done.set()
+            if name == "throughput":
+                run.extra["cpu_s"] = _cpu_by_component(stack)
+                run.event("cpu: " + ", ".join(f"{k} {v:.1f} s" for k, v in run.extra["cpu_s"].items()))
+            if trace is not None and run.watcher.t0 is not None:
+                end = run.watcher.t0 + watch.elapsed if watch and watch.final else time.monotonic()
+                if loops := looptrace.summarise(trace, run.watcher.t0, end):
+                    run.extra["loops"] = loops.as_json()
+                    run.event(loops.text())
+            stop_info = stack.stop()
+            if name == "queued-timeout":
+                requeued, failed = stuck_in_queued(home / "logs" / "scheduler.log")
+                run.extra["stuck_in_queued"] = {"requeued": requeued, "failed": failed}
+                run.event(f"stuck in queued (scheduler log): {requeued} requeued, {failed} failed")
+            if stop_info.get("leftover_pids_killed"):
+                self.say(f"  killed leftover processes: {stop_info['leftover_pids_killed']['pids']}")
+        if throughput_tis:
+            # After the stop: a worker's supervisor logs "Workload finished" only once it returns,
+            # which for a stalled one is seconds after the run ended.
+            fig = throughput.figures(
+                throughput_tis,
+                throughput_run,
+                scheduler_log=home / "logs" / "scheduler.log",
+                min_heartbeat_interval=self.opts.min_heartbeat_interval,
+            )
+            run.extra["throughput"] = fig.as_json()
+            run.extra["throughput_summary"] = fig.text()
+            run.event(f"throughput: {fig.text()}")
+        span = max([watch.elapsed if watch else 0.0] + [t for t, _ in run.events] + [1.0])
+        t0_for_rows = t0_wall
+        rows = rows_from_api(
+            [_ts_dict(ts) for ts in tasks.values()],
+            tries,
+            t0_for_rows,
+            marked=[run.kill.task_id] if run.kill and run.kill.task_id else [],
+        )
+        timeline = format_timeline(rows, run.events, span)
+        if rows:
+            timeline += "\n" + summarize(rows)
+        self.say("")
+        if len(rows) > MAX_TIMELINE_ROWS:
+            self.say(f"({len(rows)} task tries: the timeline is in the report)\n{summarize(rows)}")
+        else:
+            self.say(timeline)
+        passed = not failures
+        self.say(f"-- {name}: {'PASS' if passed else 'FAIL'}")
+        for f in failures:
+            self.say(f"   {f}")
+        if not passed:
+            for comp in ("scheduler",):
+                p = stack.procs.get(comp)
+                if p is not None:
+                    self.say(f"   last lines of {p.log}:\n{tail(p.log, 12)}")
+        return ScenarioResult(
+            name=name,
+            passed=passed,
+            failures=failures,
+            run_state=watch.run_state if watch else None,
+            final=bool(watch and watch.final),
+            timings=timings,
+            counts=(watch.last.count() if watch and watch.last else {}),
+            kill=run.kill,
+            events=run.events,
+            health_at_end=health,
+            stop=stop_info,
+            timeline=timeline,
+            logs=str(home / "logs"),
+            extra=run.extra,
+        )
+
+    def _watch(self, run: Run, failures: list[str]) -> WatchResult:
+        result: list[WatchResult] = []
+        th = threading.Thread(
+            target=lambda: result.append(run.watcher.watch(run.deadline, run.done)), daemon=True
+        )
+        th.start()
+        try:
+            if run.name in DURING:
+                DURING[run.name](run)
+            while th.is_alive():
+                th.join(0.5)
+                try:
+                    run.stack.check_alive()
+                except StackError as e:
+                    failures.append(str(e))
+                    run.done.set()
+                    break
+        finally:
+            run.done.set()
+            th.join(30)
+        if not result:
+            raise StackError("the run watcher did not return")
+        return result[0]
+
+
+def _safe(fn: Callable[[], list[Json]]) -> list[Json]:
+    """The API's answer, or nothing when the api-server does not give one."""
+    try:
+        return fn()
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _safe_one(fn: Callable[[], Json]) -> Json | None:
+    try:
+        return fn()
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _ts_dict(ts: TaskSnap) -> Json:
+    return {
+        "task_id": ts.task_id,
+        "id": ts.ti_id,
+        "state": ts.state,
+        "try_number": ts.try_number,
+        "queued_when": ts.queued_when,
+        "start_date": ts.start_date,
+        "end_date": ts.end_date,
+        "pid": ts.pid,
+    }
+
+
+def _health_text(h: Json | None) -> str:
+    if not h:
+        return "no answer"
+    return ", ".join(f"{k} {(v or {}).get('status')}" for k, v in h.items() if (v or {}).get("status"))
+
+
+# -- the session ---------------------------------------------------------------------------------
+
+
+def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
+    """One invocation: the selected scenarios at ``opts.stage``, or at each of ``opts.compare``."""
+    from tools.measure.e2e.venv import AirflowVenv
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    workdir = opts.out / stamp
+    workdir.mkdir(parents=True, exist_ok=True)
+    if opts.db == "sqlite" and opts.parallelism > 16:
+        say(
+            f"warning: SQLite at parallelism {opts.parallelism}: "
+            "the scheduler may die with 'database is locked'"
+        )
+    venv = AirflowVenv(opts.line, opts.out, say)
+    venv.ensure()
+    site = venvs.purelib(venv.python) if opts.trace_loops else None
+    stages = opts.compare or [opts.stage]
+    reports: list[Json] = []
+    pg: Postgres | None = None
+    t_session = time.monotonic()
+    try:
+        if site is not None:
+            looptrace.install(site)
+        if opts.db == "postgres":
+            pg = Postgres(say)
+            pg.start()
+            say(f"postgres {pg.bindir.parent.name} on 127.0.0.1:{pg.port}, data in {pg.root}")
+        for n in range(opts.rounds if opts.compare else 1):
+            for stage in stages:
+                sub = workdir if len(stages) == 1 else workdir / stage_label(stage).replace(" ", "-")
+                if opts.rounds > 1:
+                    sub = sub.with_name(f"{sub.name}-round{n + 1}")
+                    say(f"\n#### round {n + 1} of {opts.rounds}: {stage_label(stage)}")
+                reports.append(_stage_session(replace(opts, stage=stage), venv, sub, stamp, pg, say))
+    finally:
+        if pg is not None:
+            pg.stop()
+        if site is not None:
+            looptrace.uninstall(site)
+    passed = all(r["passed"] for r in reports)
+    if len(stages) == 1:
+        path = workdir / "report.json"
+    else:
+        path = workdir / "compare.json"
+        tables = compare_tables(opts, reports)
+        combined = {
+            "compare_stages": [stage_label(s) for s in stages],
+            "rounds": opts.rounds,
+            "airflow_env": opts.airflow_env,
+            "started": stamp,
+            "session_s": round(time.monotonic() - t_session, 1),
+            "passed": passed,
+            "tables": tables,
+            "stages": reports,
+        }
+        path.write_text(json.dumps(combined, indent=2, default=str) + "\n")
+        (opts.out / "report.json").write_text(path.read_text())
+        for text in tables.values():
+            say("\n" + text)
+    say(f"report: {LAYOUT.rel(path)} (also {LAYOUT.rel(opts.out / 'report.json')})")
+    return 0 if passed else 1
+
+
+def _stage_session(
+    opts: Options,
+    venv: AirflowVenv,
+    workdir: Path,
+    stamp: str,
+    pg: Postgres | None,
+    say: Callable[[str], None],
+) -> Json:
+    """The selected scenarios with ``opts.stage``'s executor installed; returns that stage's report."""
+    from tools.measure.e2e.venv import resolve_source
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    if opts.executor == "package":
+        source = venv.install_package(opts.out / "dist")
+        how = "uv pip install (Airflow's files checked: the pinned bases)"
+    else:
+        source = resolve_source(opts.line, opts.stage, opts.supervisor)
+        how = venv.install_executor(source)
+    say(
+        f"e2e {opts.line.name} (apache-airflow {opts.line.version}): executor = {source.label}, "
+        f"sha256 {source.sha256[:12]}, installed via {how}; db {opts.db}; parallelism {opts.parallelism}"
+        + "".join(f"; {name}={value}" for name, value in opts.airflow_env.items())
+    )
+    t_session = time.monotonic()
+    runner = ScenarioRunner(opts, venv.path, workdir, pg, say)
+    try:
+        results = [runner.run(name) for name in opts.scenarios]
+    finally:
+        if opts.executor == "package":
+            venv.uninstall_package()
+    report = {
+        "line": opts.line.name,
+        "version": opts.line.version,
+        "stage": opts.stage,
+        "executor_kind": opts.executor,
+        "executor": {
+            "label": source.label,
+            "sha256": source.sha256,
+            "sources_sha256": {
+                path: hashlib.sha256(data).hexdigest() for path, data in source.sources.items()
+            },
+            "origin": source.origin,
+            "installed_via": how,
+        },
+        "db": opts.db,
+        "parallelism": opts.parallelism,
+        "tasks": opts.tasks if "throughput" in opts.scenarios else None,
+        "deadline_s": opts.deadline,
+        "stop_bound_s": opts.stop_bound,
+        "task_seconds": opts.task_seconds,
+        "min_heartbeat_interval": opts.min_heartbeat_interval,
+        "airflow_env": opts.airflow_env,
+        "started": stamp,
+        "session_s": round(time.monotonic() - t_session, 1),
+        "passed": all(r.passed for r in results),
+        "scenarios": [asdict(r) for r in results],
+    }
+    path = workdir / "report.json"
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (opts.out / "report.json").write_text(path.read_text())
+    say("\n" + summary_table(opts, source.label, results))
+    return report
+
+
+def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
+    """Per scenario with throughput figures: the stages side by side (each stage's median over its
+    passed rounds; a failed run gives no figures), ratios to the first stage."""
+    out: dict[str, str] = {}
+    stages = list(dict.fromkeys(rep["stage"] for rep in reports))
+    for name in opts.scenarios:
+        rows: list[throughput.StageRow] = []
+        traced: list[tuple[str, list[tuple[looptrace.LoopTrace, float | None]]]] = []
+        for stage in stages:
+            runs = [
+                next((s for s in rep["scenarios"] if s["name"] == name), None)
+                for rep in reports
+                if rep["stage"] == stage
+            ]
+            ok = [sc for sc in runs if sc and sc["passed"]]
+            # A failed run's figures (a stack that died halfway) would only skew the median.
+            figs = [
+                throughput.Figures(**sc["extra"]["throughput"]) for sc in ok if sc["extra"].get("throughput")
+            ]
+            rows.append(
+                throughput.StageRow(
+                    stage_label(stage),
+                    len(ok) == len(runs),
+                    (figs[0] if len(figs) == 1 else throughput.median_of(figs)) if figs else None,
+                    tuple(f.wall_s for f in figs),
+                    runs=len(runs),
+                    runs_ok=len(ok),
+                )
+            )
+            traced.append(
+                (
+                    stage_label(stage),
+                    [
+                        (
+                            looptrace.LoopTrace(**sc["extra"]["loops"]),
+                            sc["extra"].get("cpu_s", {}).get("scheduler"),
+                        )
+                        for sc in ok
+                        if sc["extra"].get("loops")
+                    ],
+                )
+            )
+        if any(
+            sc["extra"].get("throughput") for rep in reports for sc in rep["scenarios"] if sc["name"] == name
+        ):
+            n = len(reports) // max(len(stages), 1)
+            title = (
+                f"{name}: {opts.tasks} no-op tasks at parallelism {opts.parallelism}, "
+                f"{opts.line.label}, {opts.db}; ratios to {rows[0].label}"
+                + (f"; medians of {n} rounds" if n > 1 else "")
+            )
+            out[name] = throughput.compare(rows, title)
+        if any(runs for _, runs in traced):
+            out[f"{name} loops"] = looptrace.compare(traced, f"{name}: the scheduler's loops (--trace-loops)")
+    return out
+
+
+def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) -> str:
+    lines = [
+        f"e2e {opts.line.name} ({opts.line.version}), {label}, {opts.db}, parallelism {opts.parallelism}",
+        f"{'scenario':<18}{'result':<8}{'run':<10}{'ready':>7}{'run time':>10}  detail",
+    ]
+    for r in results:
+        deadline = r.timings.get("deadline_s") or opts.deadline
+        run_t = f"{r.timings['run_s']:.1f}s" if r.timings.get("run_s") is not None else f">{deadline:g}s"
+        ready = f"{r.timings['ready_s']:.1f}s" if r.timings.get("ready_s") is not None else "-"
+        detail = r.failures[0] if r.failures else ", ".join(f"{n} {s}" for s, n in r.counts.items())
+        if len(detail) > 110:
+            detail = detail[:107] + "..."
+        lines.append(
+            f"{r.name:<18}{'PASS' if r.passed else 'FAIL':<8}{(r.run_state or '-'):<10}"
+            f"{ready:>7}{run_t:>10}  {detail}"
+        )
+    for r in results:
+        for key in ("sigterm_summary", "orphan_summary", "throughput_summary"):
+            if r.extra.get(key):
+                lines.append(f"{r.name}: {r.extra[key]}")
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""``python -m tools e2e-lock``: each line's e2e environment, resolved as of that release's day.
+
+A real Airflow of an older line does not start with today's dependencies (3.2.2's api-server
+and dag-processor die at import with pydantic 2.14.4). Airflow's own constraint files are not
+reachable here, so the environment is resolved the way a user who installed the release then
+got it: ``uv pip compile --exclude-newer`` at the upload time of the release's files, read
+from PyPI's simple JSON API (PEP 691/700), plus :data:`MARGIN` (a release's distributions are
+uploaded one after another). The result is ``constraints/e2e-<line>.txt``, which
+:mod:`tools.measure.e2e.venv` installs with in preference to the line's test constraints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import urllib.request
+import zipfile
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from tools.engine import fetch, venvs
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import DEFAULT, Layout
+
+SIMPLE_URL = "https://pypi.org/simple/{name}/"
+MARGIN = timedelta(hours=1)
+# Airflow itself (the distribution that brings the task SDK, the standard provider and the
+# PostgreSQL driver) and the core wheel the series patches: both are released together.
+RELEASED_TOGETHER = ("apache-airflow", pins.DISTRIBUTION)
+
+# Reads a project's simple-API JSON page; the tests hand in a fake.
+SimplePage = Callable[[str], dict[str, Any]]
+
+
+def pypi_simple(name: str) -> dict[str, Any]:
+    request = urllib.request.Request(
+        SIMPLE_URL.format(name=name), headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            data: dict[str, Any] = json.load(response)
+    except (OSError, ValueError) as exc:
+        raise ToolError(f"cannot read {SIMPLE_URL.format(name=name)} (PyPI simple JSON API): {exc}") from exc
+    return data
+
+
+def _parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc)
+
+
+def upload_time(page: dict[str, Any], name: str, version: str, wheel_sha256: str | None = None) -> datetime:
+    """When the last file of ``name`` ``version`` was uploaded; checks the pinned wheel on the way."""
+    prefix = f"{name.replace('-', '_')}-{version}"
+    files = [
+        f
+        for f in page.get("files", [])
+        if str(f.get("filename", "")).startswith((prefix + "-", prefix + ".tar.gz")) and not f.get("yanked")
+    ]
+    times = [_parse_time(f["upload-time"]) for f in files if f.get("upload-time")]
+    if not times:
+        raise ToolError(f"{name} {version}: no files with an upload time on the index")
+    if wheel_sha256 is not None:
+        wheel = fetch.wheel_filename(version)
+        got = next((f["hashes"].get("sha256") for f in files if f["filename"] == wheel), None)
+        if got != wheel_sha256:
+            raise ToolError(
+                f"{name} {version}: the index lists {wheel} with sha256 {got}, pinned {wheel_sha256}"
+            )
+    return max(times)
+
+
+def release_cutoff(line: pins.Line, simple: SimplePage = pypi_simple) -> datetime:
+    """The instant the line's release was complete on the index, plus :data:`MARGIN`."""
+    times = [
+        upload_time(
+            simple(name), name, line.version, line.wheel_sha256 if name == pins.DISTRIBUTION else None
+        )
+        for name in RELEASED_TOGETHER
+    ]
+    return max(times) + MARGIN
+
+
+def oldest_python(wheel: Path) -> str:
+    """The lowest Python the wheel's ``Requires-Python`` admits (3.10 when it says nothing)."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode()
+    found = re.search(r"^Requires-Python:.*>=\s*(\d+\.\d+)", text, re.M)
+    return found.group(1) if found else "3.10"
+
+
+def constraints_path(line: pins.Line, layout: Layout = DEFAULT) -> Path:
+    return layout.constraints / f"e2e-{line.name}.txt"
+
+
+def lock_line(
+    line: pins.Line,
+    layout: Layout = DEFAULT,
+    simple: SimplePage = pypi_simple,
+    compile_: Callable[..., str] = venvs.run_uv,
+) -> Path:
+    """Write ``constraints/e2e-<line>.txt``: Airflow and every dependency as of the release."""
+    cutoff = release_cutoff(line, simple)
+    stamp = cutoff.strftime("%Y-%m-%dT%H:%M:%SZ")
+    python = oldest_python(fetch.ensure_wheel(line, layout))
+    with tempfile.TemporaryDirectory(prefix="lepatch-e2e-lock-") as tmp:
+        requirements = Path(tmp) / "e2e.in"
+        requirements.write_text(
+            f"apache-airflow[postgres]=={line.version}\n{pins.DISTRIBUTION}=={line.version}\n"
+        )
+        text = compile_(
+            "pip",
+            "compile",
+            str(requirements),
+            "--universal",
+            "--quiet",
+            "--python-version",
+            python,
+            "--exclude-newer",
+            stamp,
+            "--custom-compile-command",
+            f"python -m tools e2e-lock --line {line.name}",
+        )
+    if not re.search(rf"^apache-airflow=={re.escape(line.version)}\s*$", text, re.M):
+        raise ToolError(f"uv pip compile for the {line.name} line did not pin apache-airflow=={line.version}")
+    target = constraints_path(line, layout)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    head = f"# The e2e environment of {line.label}, as of {stamp} (its release on PyPI + {MARGIN}).\n"
+    target.write_text(head + text)
+    return target
