@@ -163,10 +163,11 @@ def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None
         raise ToolError(
             f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
         )
-    wheel = fetch.ensure_wheel(line, layout)
     # why every pin's wheel: the venv's task-sdk is then the verified one the supervisor patches
     # apply to, and it is cached for the tools' tests, whose venv has no pip to download it.
-    wheels = [str(fetch.ensure_pin(pin, layout=layout)) for pin in line.pins]
+    by_distribution = {pin.file.distribution: fetch.ensure_pin(pin, layout=layout) for pin in line.pins}
+    wheel = by_distribution[pins.DISTRIBUTION]  # verified once: it decides the interpreter too
+    wheels = [str(w) for w in by_distribution.values()]
     name = venv_name(line, python)
     python = interpreter_for(wheel, python)
     stamp = {
