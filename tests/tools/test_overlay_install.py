@@ -315,6 +315,8 @@ def two_file_line(monkeypatch: pytest.MonkeyPatch) -> pins.Line:
         sdk_wheel_sha256="0" * 64,
         sdk_source_sha256=oi.sha256(SDK_BASE),
         sdk_covers={"1.3.1": "1" * 64},
+        sdk_releases={},
+        sdk_release_sources={},
     )
     monkeypatch.setattr(pins, "LINES", (line, *pins.LINES[1:]))
     return line
@@ -359,7 +361,10 @@ def test_both_files_install_and_restore_together(
             "1.3.0",
             SDK_BASE,
             r"apache-airflow-task-sdk 1\.3\.0 is not a release the 3\.3 overlay is verified "
-            r"with \(verified: 1\.3\.1, 1\.3\.2\); install apache-airflow-task-sdk==1\.3\.1",
+            r"with \(verified: 1\.3\.1, 1\.3\.2\): `uv pip install --python \S+ 'apache-airflow-core==3\.3\.2' "
+            r"'apache-airflow-task-sdk==1\.3\.2'` \(the pair apache-airflow-core 3\.3\.2 requires\), then "
+            r"install again; or install the executor's fixes alone, task-sdk's supervisor fix left out: "
+            r"`nox -s overlay -- install --only executor --python \S+`; refusing, nothing changed",
         ),
         (
             "1.3.2",

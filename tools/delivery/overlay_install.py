@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from tools.engine import releases
+from tools.engine import apply, releases
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT as LAYOUT
@@ -58,8 +58,8 @@ SMOKE_TIMEOUT = 180.0
 
 # Runs inside the target environment: for each (distribution, file), its version and path.
 _INSPECT = """
-import importlib.metadata as md, json, sys
-out = {"prefix": sys.prefix, "files": []}
+import importlib.metadata as md, importlib.util, json, sys
+out = {"prefix": sys.prefix, "files": [], "pip": importlib.util.find_spec("pip") is not None}
 for dist_name, path in %(wanted)r:
     try:
         dist = md.distribution(dist_name)
@@ -109,6 +109,14 @@ class Environment:
     python: Path
     prefix: Path
     files: list[Installed]  # the executor first
+    has_pip: bool = True  # why: advice names `python -m pip install`, or uv's where there is no pip
+
+    def pip_install(self, *requirements: str) -> str:
+        """The command that installs ``requirements`` into this environment, as an operator types it."""
+        quoted = " ".join(f"'{r}'" for r in requirements)
+        if self.has_pip:
+            return f"{self.python} -m pip install {quoted}"
+        return f"uv pip install --python {self.python} {quoted}"
 
     @property
     def version(self) -> str:
@@ -211,7 +219,12 @@ class Status:
         return f"unsupported: {self.why}"
 
 
-def unpinned_refusal(version: str, current_sha256: str, lines: Sequence[pins.Line] = pins.LINES) -> str:
+def unpinned_refusal(
+    version: str,
+    current_sha256: str,
+    lines: Sequence[pins.Line] = pins.LINES,
+    env: Environment | None = None,
+) -> str:
     """Why ``version`` gets no overlay, and the release to move to, in one sentence.
 
     An overlay is verified against one ``local_executor.py`` and the release it came in; a
@@ -245,10 +258,15 @@ def unpinned_refusal(version: str, current_sha256: str, lines: Sequence[pins.Lin
         )
     to_line, to_version = nearest
     verified = ", ".join(releases.verified_versions(to_line))
+    # why both: core pins its task-sdk exactly, so naming the pair is what pip accepts as written
+    pair = [f"{pins.DISTRIBUTION}=={to_version}"]
+    if to_version in to_line.core_sdk:
+        pair.append(f"{pins.SUPERVISOR.distribution}=={to_line.core_sdk[to_version]}")
+    command = env.pip_install(*pair) if env else "pip install " + " ".join(f"'{r}'" for r in pair)
     way = (
         f"upgrade to {to_version}, the nearest verified release "
-        f"({'same line' if line is to_line else f'the {to_line.name} line'}; verified: {verified}), "
-        f"then install again; {refusing}"
+        f"({'same line' if line is to_line else f'the {to_line.name} line'}; verified: {verified}): "
+        f"`{command}`, then install again; {refusing}"
     )
     if line is None:
         return f"{pins.DISTRIBUTION} {version} is on no pinned release line; {way}"
@@ -303,25 +321,37 @@ def _write_atomically(path: Path, data: bytes, mode_from: Path | None = None) ->
         raise
 
 
-def sdk_refusal(line: pins.Line, version: str | None, pin: pins.Pin) -> str:
-    """Why the installed task-sdk gets no overlay, naming the nearest release the line covers."""
-    dist = pin.file.distribution
-    verified = sorted([pin.version, *pin.covers], key=releases.version_key)
+def sdk_refusal(line: pins.Line, env: Environment, version: str | None) -> str:
+    """Why the installed task-sdk gets no overlay, and commands that work as written.
+
+    Each apache-airflow-core release requires one task-sdk release exactly, so the advice names
+    the pair that core release requires (pip refuses any other task-sdk beside it), or the line's
+    base pair; where the installed task-sdk is the one its core requires (a release the pins do
+    not know yet), also the executor's fixes alone, with task-sdk's supervisor left as it is.
+    """
+    dist = pins.SUPERVISOR.distribution
+    core = env.version
+    refusing = "refusing, nothing changed"
+    pair = line.core_sdk.get(core)
+    # why only then: beside a task-sdk its core does not require, the executor may not even import
+    alone = (
+        "or install the executor's fixes alone, task-sdk's supervisor fix left out: "
+        f"`nox -s overlay -- install --only executor --python {env.python}`; {refusing}"
+        if version is not None and version == pair
+        else refusing
+    )
+    if pair not in line.sdk_versions:
+        core, pair = line.version, line.sdk_version
+    fix = env.pip_install(f"{pins.DISTRIBUTION}=={core}", f"{dist}=={pair}")
     if version is None:
         return (
-            f"{dist} is not installed, and the {line.name} overlay patches its {pin.file.name}; "
-            "refusing, nothing changed"
+            f"{dist} is not installed, and the {line.name} overlay patches its {pins.SUPERVISOR.name}: "
+            f"`{fix}` (the pair apache-airflow-core {core} requires), then install again; {alone}"
         )
-    newer = [
-        v
-        for v in verified
-        if releases.is_release(version) and releases.version_key(v) > releases.version_key(version)
-    ]
-    nearest = newer[0] if newer else verified[-1]
     return (
         f"{dist} {version} is not a release the {line.name} overlay is verified with "
-        f"(verified: {', '.join(verified)}); install {dist}=={nearest}, the nearest verified, "
-        f"then install again; refusing, nothing changed"
+        f"(verified: {', '.join(line.sdk_versions)}): `{fix}` (the pair apache-airflow-core {core} "
+        f"requires), then install again; {alone}"
     )
 
 
@@ -345,8 +375,10 @@ class OverlayInstaller:
         smoke_script: Path = SMOKE_SCRIPT,
         smoke_timeout: float = SMOKE_TIMEOUT,
         out: TextIO | None = None,
+        only: pins.UpstreamFile | None = None,
     ) -> None:
         self.python = Path(python)
+        self.only = only  # install this upstream file alone (an executor's host, or a Celery worker's)
         self.overlay_dir = overlay_dir
         self.smoke_script = smoke_script
         self.smoke_timeout = smoke_timeout
@@ -384,20 +416,28 @@ class OverlayInstaller:
                     f"{target}: {f.distribution} {version} is installed but this file is missing"
                 )
             files.append(Installed(f, version, target))
-        return Environment(self.python, Path(data["prefix"]), files)
+        return Environment(self.python, Path(data["prefix"]), files, bool(data.get("pip", True)))
 
-    def overlay_path(self, line: pins.Line, file: pins.UpstreamFile = pins.EXECUTOR) -> Path:
+    def overlay_path(
+        self, line: pins.Line, file: pins.UpstreamFile = pins.EXECUTOR, sdk_version: str | None = None
+    ) -> Path:
+        """The overlay's file; a task-sdk release the line's base does not ship has its own supervisor."""
+        pin = line.supervisor_pin(sdk_version) if file is pins.SUPERVISOR else None
+        if pin is not None and pin != line.pin(file):
+            return self.overlay_dir / line.name / apply.sdk_release_dir(sdk_version) / file.package_path
         return self.overlay_dir / line.name / file.package_path
 
-    def _members(self, env: Environment, line: pins.Line) -> list[tuple[Installed, pins.Pin]]:
-        """The files this line's overlay replaces: each one the line pins and the overlay carries."""
-        out = []
+    def _members(self, env: Environment, line: pins.Line) -> list[tuple[Installed, pins.Pin | None]]:
+        """The files this line's overlay replaces: each one the line pins and the overlay carries,
+        with the base it was verified on (None: the installed release has no verified overlay)."""
+        out: list[tuple[Installed, pins.Pin | None]] = []
         for inst in env.files:
-            pin = line.pin(inst.file)
-            if pin is not None and (
-                inst.file is pins.EXECUTOR or self.overlay_path(line, inst.file).is_file()
-            ):
-                out.append((inst, pin))
+            if self.only is not None and inst.file is not self.only:
+                continue
+            if inst.file is pins.EXECUTOR:
+                out.append((inst, line.pin(inst.file)))
+            elif line.pin(inst.file) is not None and self.overlay_path(line, inst.file).is_file():
+                out.append((inst, line.supervisor_pin(inst.version)))
         return out
 
     def status(self, env: Environment | None = None) -> Status:
@@ -425,13 +465,15 @@ class OverlayInstaller:
             )
             return Status(OverlayState.MODIFIED, env, line, record, current, why)
         if line is None or env.version == line.name:
-            why = f"{env.target}: {unpinned_refusal(env.version, current[pins.EXECUTOR.name])}"
+            why = f"{env.target}: {unpinned_refusal(env.version, current[pins.EXECUTOR.name], env=env)}"
             return Status(OverlayState.UNPINNED, env, line, None, current, why)
-        for inst, pin in self._members(env, line):
-            if inst.file is not pins.EXECUTOR and inst.version not in (pin.version, *pin.covers):
-                why = f"{inst.target}: {sdk_refusal(line, inst.version, pin)}"
+        members = self._members(env, line)
+        for inst, pin in members:
+            if pin is None:
+                why = f"{inst.target}: {sdk_refusal(line, env, inst.version)}"
                 return Status(OverlayState.UNPINNED, env, line, None, current, why)
-        for inst, pin in self._members(env, line):
+        for inst, pin in members:
+            assert pin is not None  # refused just above
             if current.get(inst.file.name) != pin.source_sha256:
                 why = (
                     f"{inst.target} is not byte-identical to the pinned {inst.file.distribution} "
@@ -455,7 +497,14 @@ class OverlayInstaller:
                 f"{overlay_file}: no overlay for line {line.name}; run `nox -s apply -- --write` first"
             )
         members = self._members(env, line)
-        overlays = {inst.file.name: self.overlay_path(line, inst.file).read_bytes() for inst, _ in members}
+        if self.only is not None and st.record is not None:
+            # why: a record describes one install; a partial one on top would lose the other's backup
+            raise OverlayError(
+                f"{env.state_dir / RECORD_NAME}: overlay {st.record.line} is installed; "
+                "run `restore` first, or install without --only; nothing changed"
+            )
+        sources = {inst.file.name: self.overlay_path(line, inst.file, inst.version) for inst, _ in members}
+        overlays = {name: path.read_bytes() for name, path in sources.items()}
         if (
             st.state is OverlayState.INSTALLED
             and st.record
@@ -477,6 +526,7 @@ class OverlayInstaller:
             )
         originals: dict[str, bytes] = {}
         for inst, pin in members:
+            assert pin is not None  # status() refused an unverified release
             backup = env.state_dir / inst.backup_name
             if st.state is OverlayState.INSTALLED and backup.is_file():
                 # A newer overlay than the installed one: the original is already backed up.
@@ -485,6 +535,11 @@ class OverlayInstaller:
                     raise OverlayError(f"{backup}: backup does not match the pinned base; restore by hand")
             else:
                 originals[inst.file.name] = inst.target.read_bytes()
+                if sha256(originals[inst.file.name]) != pin.source_sha256:
+                    raise OverlayError(
+                        f"{inst.target} is not byte-identical to the pinned {inst.file.distribution} "
+                        f"{pin.version} base; refusing, nothing changed"
+                    )
         if st.state is OverlayState.INSTALLED:
             self.say(f"upgrading overlay {line.name} in {env.prefix}")
         record = OverlayRecord(
@@ -502,7 +557,7 @@ class OverlayInstaller:
                     backup=str(env.state_dir / inst.backup_name),
                     original_sha256=sha256(originals[inst.file.name]),
                     overlay_sha256=sha256(overlays[inst.file.name]),
-                    overlay_source=str(self.overlay_path(line, inst.file)),
+                    overlay_source=str(sources[inst.file.name]),
                 )
                 for inst, _ in members
             ],
@@ -523,11 +578,11 @@ class OverlayInstaller:
                 f"{env.prefix}: cannot install the overlay ({exc}); originals left in place"
             ) from exc
 
-        ok, detail = self.smoke(env)
+        ok, detail = self.smoke(env, [inst.file for inst, _ in members])
         if not ok:
             self._put_back(env, record)
             raise OverlayError(
-                f"{env.target}: overlay {line.name} failed the smoke dispatch ({detail}); "
+                f"{members[0][0].target}: overlay {line.name} failed the smoke dispatch ({detail}); "
                 "the original files were put back"
             )
         record.state = OverlayState.INSTALLED.value
@@ -539,29 +594,38 @@ class OverlayInstaller:
         )
         return self.status(env)
 
-    def smoke(self, env: Environment) -> tuple[bool, str]:
-        """Compile the new file, then run the harness's no-database dispatch in the target env."""
+    def smoke(
+        self, env: Environment, files: Sequence[pins.UpstreamFile] = (pins.EXECUTOR,)
+    ) -> tuple[bool, str]:
+        """Compile the new files, then run the harness's no-database dispatch in the target env (the
+        executor's check), or import task-sdk's supervisor there when it is installed alone."""
+        targets = [inst.target for inst in env.files if inst.file in files]
         compile_ = subprocess.run(
             [
                 str(self.python),
                 "-I",
                 "-c",
-                "import py_compile,sys; py_compile.compile(sys.argv[1], doraise=True)",
-                str(env.target),
+                "import py_compile,sys; [py_compile.compile(f, doraise=True) for f in sys.argv[1:]]",
+                *map(str, targets),
             ],
             capture_output=True,
             text=True,
         )
         if compile_.returncode != 0:
             return False, "does not compile: " + (compile_.stderr.strip().splitlines() or ["?"])[-1]
-        if not self.smoke_script.is_file():
-            return False, f"smoke script {self.smoke_script} is missing"
+        if pins.EXECUTOR in files:
+            if not self.smoke_script.is_file():
+                return False, f"smoke script {self.smoke_script} is missing"
+            command = [str(self.python), str(self.smoke_script), "--smoke"]
+        else:
+            module = pins.SUPERVISOR.package_path.removesuffix(".py").replace("/", ".")
+            command = [str(self.python), "-I", "-c", f"import {module}"]
         environ = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
         with tempfile.TemporaryDirectory(prefix="lepatch-overlay-smoke-") as home:
             environ["AIRFLOW_HOME"] = home
             environ["AIRFLOW__API_AUTH__JWT_SECRET"] = "lepatch-smoke-not-a-secret"
             proc = subprocess.Popen(
-                [str(self.python), str(self.smoke_script), "--smoke"],
+                command,
                 cwd=home,
                 env=environ,
                 stdin=subprocess.DEVNULL,
@@ -651,10 +715,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlay-dir", type=Path, default=OVERLAY_DIR, help=argparse.SUPPRESS)
     parser.add_argument("--force", action="store_true", help="restore even if the file changed since install")
     parser.add_argument("--json", action="store_true", help="status: print the state and record as JSON")
+    parser.add_argument(
+        "--only",
+        choices=("executor", "supervisor"),
+        help="install: this file alone (supervisor: any executor's worker host, e.g. Celery's)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    installer = OverlayInstaller(args.python, overlay_dir=args.overlay_dir)
+    only = {"executor": pins.EXECUTOR, "supervisor": pins.SUPERVISOR}.get(args.only or "")
+    installer = OverlayInstaller(args.python, overlay_dir=args.overlay_dir, only=only)
     try:
         if args.action == "install":
             installer.install()

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.engine import fetch
-from tools.engine.series import Patch, Series, load_series
+from tools.engine.series import Patch, Series, load_series, read_patch
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.gitcmd import TOOL_IDENT, GitError, git
@@ -149,6 +149,33 @@ class LineResult:
         }
 
 
+@dataclass
+class SdkReleaseResult:
+    """The series' supervisor patches applied to another task-sdk release of a line."""
+
+    line: Line
+    version: str  # the task-sdk release
+    patches: list[PatchResult]  # one per series patch that touches supervisor.py
+    source: bytes  # the patched supervisor.py; empty when a patch failed
+
+    @property
+    def ok(self) -> bool:
+        return all(p.status in APPLIED for p in self.patches)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task_sdk": self.version,
+            "ok": self.ok,
+            "patches": [p.to_json() for p in self.patches],
+            "final_sha256": fetch.sha256_bytes(self.source) if self.source else None,
+        }
+
+
+def sdk_release_dir(version: str) -> str:
+    """Where a task-sdk release's own patched supervisor lives inside ``airflow_overlay/<line>/``."""
+    return f"task-sdk-{version}"
+
+
 def _read_tree(repo: Path) -> Tree:
     out = git("ls-files", "-z", cwd=repo, isolated=True)
     return {p: (repo / p).read_bytes() for p in out.split("\0") if p}
@@ -230,6 +257,9 @@ class Engine:
         )
         self._series: Series | None = None
         self._results: dict[str, LineResult] = {}
+        self._sdk_results: dict[tuple[str, str], SdkReleaseResult] = {}
+        # why injectable: the tests' synthetic lines have no task-sdk wheels to read
+        self._sdk_base: Callable[[pins.Pin], bytes] = lambda pin: fetch.read_pinned(pin, layout)
 
     @property
     def primary(self) -> Line:
@@ -417,6 +447,78 @@ class Engine:
         )
         return PatchResult(patch.name, FAILED, detail, hint)
 
+    # -- the supervisor of a line's other task-sdk releases ---------------------------
+
+    def apply_sdk_release(self, line: Line | str, pin: pins.Pin) -> SdkReleaseResult:
+        """Apply the series' supervisor.py changes to ``pin``'s release, as its line applies them.
+
+        Each core release requires its own task-sdk release, and their supervisor.py files
+        differ. The patches touching it are applied to that file alone (``--include``): the
+        release's own resolution (``patches/resolutions/<line>/task-sdk-<v>/<patch>``) if one is
+        recorded, else the line's resolution if it covers supervisor.py, else the patch; strict,
+        then 3-way against the line's stage before the patch.
+        """
+        line = self.line(line)
+        key = (line.name, pin.version)
+        if key in self._sdk_results:
+            return self._sdk_results[key]
+        lr = self.apply_line(line)
+        path = pins.SUPERVISOR.repo_path
+        include = f"--include={path}"
+        results: list[PatchResult] = []
+        with tempfile.TemporaryDirectory(prefix=f"lepatch-{line.name}-sdk-") as tmp:
+            repo = Path(tmp)
+            git("init", "-q", str(repo), isolated=True)
+            _write_tree({path: self._sdk_base(pin)}, repo)
+            git("add", "-A", cwd=repo, isolated=True)
+            self._commit(repo, f"base: {pin.file.distribution} {pin.version}")
+            for k, name in enumerate(self.series.names, 1):
+                patch = self.series.patches.get(name)
+                if patch is None or path not in patch.touched:
+                    continue
+                if results and results[-1].status in (FAILED, NOT_TRIED):
+                    results.append(PatchResult(name, NOT_TRIED, "not tried: an earlier patch failed"))
+                    continue
+                own = self.layout.resolutions / line.name / sdk_release_dir(pin.version) / name
+                line_res = self.series.resolution(line.name, name)
+                if own.is_file():
+                    patch_file, status, text = own, RESOLUTION, read_patch(own)
+                elif line_res is not None and path in line_res.touched:
+                    patch_file, status, text = (
+                        self.layout.resolutions / line.name / name,
+                        RESOLUTION,
+                        line_res,
+                    )
+                else:
+                    patch_file, status, text = self.layout.patches / name, CLEAN, patch
+                err = self.try_apply(repo, patch_file, include)
+                if err is not None:
+                    pre = lr.stages[k - 1] if k - 1 < len(lr.stages) else None
+                    if self.try_3way(repo, text, patch_file, pre, include) is not None:
+                        where = describe_apply_error(text, err.stderr)
+                        detail = (
+                            f"FAILED: {patch_file.name} does not apply to {pin.file.distribution} "
+                            f"{pin.version}'s {pins.SUPERVISOR.name} ({line.name} line): {where}"
+                        )
+                        hint = (
+                            f"  record the release's own resolution as "
+                            f"{self.layout.rel(own)} (a diff of {path} alone)"
+                        )
+                        results.append(PatchResult(name, FAILED, detail, hint))
+                        continue
+                    status = THREE_WAY if status == CLEAN else status
+                results.append(PatchResult(name, status))
+                self._commit(repo, name)
+            ok = all(r.status in APPLIED for r in results)
+            source = (repo / path).read_bytes() if ok else b""
+        result = SdkReleaseResult(line, pin.version, results, source)
+        self._sdk_results[key] = result
+        return result
+
+    def sdk_releases(self, line: Line | str) -> list[SdkReleaseResult]:
+        line = self.line(line)
+        return [self.apply_sdk_release(line, pin) for pin in line.sdk_release_pins]
+
     # -- stages and derived files ----------------------------------------------------
 
     def build_stage(self, line: Line | str, k: int | None, dest: Path) -> Path:
@@ -438,12 +540,24 @@ class Engine:
             res.code()  # why: a stage without the executor is an error, not an overlay without it
             for path, data in res.sources().items():
                 files[f"airflow_overlay/{name}/{path}"] = data
+            for sdk in self.sdk_releases(res.line):
+                if not sdk.ok:
+                    raise ToolError(sdk.patches[-1].detail)
+                rel = f"airflow_overlay/{name}/{sdk_release_dir(sdk.version)}/{pins.SUPERVISOR.package_path}"
+                files[rel] = sdk.source
         files.update(self.apply_line(self.primary).derived_tests())
         return files
 
     def derived_scope(self, results: dict[str, LineResult]) -> list[Path]:
         """Directories whose every file (but caches) is derived."""
         scope = [self.layout.overlay / name / "airflow" for name in results]
+        # why a glob: a task-sdk release dropped from the pins leaves a directory to remove
+        scope += [d for name in results for d in sorted((self.layout.overlay / name).glob("task-sdk-*"))]
+        scope += [
+            self.layout.overlay / name / sdk_release_dir(pin.version)
+            for name, res in results.items()
+            for pin in res.line.sdk_release_pins
+        ]
         return [*scope, *(self.layout.root / f.tests_dir for f in pins.UPSTREAM_FILES)]
 
     def _existing(self, scope: list[Path]) -> set[str]:
@@ -566,6 +680,26 @@ def render_matrix(engine: Engine, results: dict[str, LineResult]) -> str:
     return "\n".join(r.rstrip() for r in rows)
 
 
+def render_sdk_matrix(engine: Engine, results: dict[str, LineResult]) -> str:
+    """The supervisor patches on each other task-sdk release a line's core releases require."""
+    sdks = [sdk for r in results.values() if r.ok for sdk in engine.sdk_releases(r.line)]
+    if not sdks:
+        return ""
+    names = list(dict.fromkeys(p.name for sdk in sdks for p in sdk.patches))
+    cols = [f"{sdk.line.name}: task-sdk {sdk.version}" for sdk in sdks]
+    first = max(len("supervisor.py patch"), *(len(n) for n in names))
+    widths = [max(len(c), len(RESOLUTION)) for c in cols]
+    rows = [
+        "  ".join(
+            ["supervisor.py patch".ljust(first), *(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+        )
+    ]
+    for name in names:
+        cells = [next((p.status for p in sdk.patches if p.name == name), NOT_TRIED) for sdk in sdks]
+        rows.append("  ".join([name.ljust(first), *(c.ljust(w) for c, w in zip(cells, widths, strict=True))]))
+    return "\n".join(r.rstrip() for r in rows)
+
+
 def run_apply(
     engine: Engine,
     lines: Sequence[str] | None = None,
@@ -577,7 +711,17 @@ def run_apply(
     started = time.monotonic()
     results = engine.apply_all(lines)
     print(render_matrix(engine, results), file=out)
+    if sdk_matrix := render_sdk_matrix(engine, results):
+        print(sdk_matrix, file=out)
     failures = [p for r in results.values() for p in r.patches if p.status == FAILED]
+    failures += [
+        p
+        for r in results.values()
+        if r.ok
+        for s in engine.sdk_releases(r.line)
+        for p in s.patches
+        if p.status == FAILED
+    ]
     for p in failures:
         print(p.detail, file=out)
         if p.hint:
@@ -586,6 +730,9 @@ def run_apply(
     report: dict[str, Any] = {
         "series": engine.series.names,
         "lines": {name: r.to_json() if r.stages else {} for name, r in results.items()},
+        "task_sdk_releases": {
+            name: [s.to_json() for s in engine.sdk_releases(r.line)] for name, r in results.items() if r.ok
+        },
         "drift": [],
         "written": [],
         "test_tree_differences": [],

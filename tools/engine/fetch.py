@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -161,7 +162,24 @@ def ensure_pin(pin: Pin, version: str | None = None, layout: Layout = DEFAULT) -
 
 def ensure_every_pin(layout: Layout = DEFAULT) -> list[Path]:
     """Every line's pinned wheels in the cache: run it where pip is (the tools' test venv has none)."""
-    return [ensure_pin(pin, layout=layout) for line in pins.LINES for pin in line.pins]
+    return [
+        ensure_pin(pin, version, layout=layout)
+        for line in pins.LINES
+        for pin in (*line.pins, *line.sdk_release_pins)
+        for version in (pin.version, *pin.covers)
+    ]
+
+
+def required_sdk(wheel: Path) -> str | None:
+    """The task-sdk release a core wheel requires exactly (``Requires-Dist: ...==X``), if any."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
+        text = zf.read(meta).decode() if meta else ""
+    for row in text.splitlines():
+        if row.startswith("Requires-Dist:") and pins.SUPERVISOR.distribution in row:
+            m = re.search(r"==\s*([\w.]+)", row)
+            return m.group(1) if m else None
+    return None
 
 
 def read_source(wheel: Path, package_path: str = pins.PACKAGE_PATH) -> bytes:
@@ -203,7 +221,7 @@ def check_pins(layout: Layout = DEFAULT, out: object = None) -> bool:
     rows: list[tuple[str, str, str, str, str, str]] = []
     ok = True
     for line in pins.LINES:
-        for pin in line.pins:
+        for pin in (*line.pins, *line.sdk_release_pins):
             for version in [pin.version, *sorted(pin.covers)]:
                 what = f"{pin.file.distribution} {version}"
                 try:
@@ -218,6 +236,13 @@ def check_pins(layout: Layout = DEFAULT, out: object = None) -> bool:
                 rows.append(
                     (line.name, what, pin.file.name, "ok", digest[:16], "same" if same else "DIFFERS")
                 )
+                if pin.file is pins.EXECUTOR:
+                    # why: the overlay picks the supervisor by the task-sdk a core release requires
+                    needs = required_sdk(ensure_pin(pin, version, layout))
+                    agrees = needs == line.core_sdk.get(version)
+                    ok &= agrees
+                    verdict = "requires " + (needs or "?") + ("" if agrees else " (pins.core_sdk DIFFERS)")
+                    rows.append((line.name, what, "task-sdk", "ok", "-", verdict))
     header = ("line", "release", "file", "wheel", "sha256", "vs base")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:

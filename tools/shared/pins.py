@@ -11,6 +11,7 @@ from the one recorded here is refused.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 DISTRIBUTION = "apache-airflow-core"
@@ -90,6 +91,14 @@ class Line:
     sdk_wheel_sha256: str = ""
     sdk_source_sha256: str = ""
     sdk_covers: dict[str, str] = field(default_factory=dict)
+    # The other task-sdk releases the line's core releases require, each shipping its own
+    # supervisor.py: version -> wheel sha256, and version -> sha256 of its supervisor.py. The
+    # series' supervisor patches are applied to each of them (``airflow_overlay/<line>/task-sdk-<v>/``).
+    sdk_releases: dict[str, str] = field(default_factory=dict)
+    sdk_release_sources: dict[str, str] = field(default_factory=dict)
+    # Each core release of the line (base and covers) -> the task-sdk release it requires (``==``):
+    # core pins task-sdk exactly, so this pair is the only one pip installs.
+    core_sdk: dict[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -119,6 +128,28 @@ class Line:
     def pin(self, file: UpstreamFile) -> Pin | None:
         return next((p for p in self.pins if p.file == file), None)
 
+    @property
+    def sdk_release_pins(self) -> tuple[Pin, ...]:
+        """One supervisor pin per task-sdk release in ``sdk_releases`` (each its own base file)."""
+        return tuple(
+            Pin(SUPERVISOR, version, self.sdk_releases[version], self.sdk_release_sources[version], {})
+            for version in self.sdk_releases
+        )
+
+    def supervisor_pin(self, sdk_version: str | None) -> Pin | None:
+        """The supervisor base the overlay for ``sdk_version`` is built on; None if none is verified."""
+        base = self.pin(SUPERVISOR)
+        if base is not None and sdk_version in (base.version, *base.covers):
+            return base
+        return next((p for p in self.sdk_release_pins if p.version == sdk_version), None)
+
+    @property
+    def sdk_versions(self) -> list[str]:
+        """Every task-sdk release the line's overlay has a verified supervisor for."""
+        base = self.pin(SUPERVISOR)
+        found = [*((base.version, *base.covers) if base else ()), *self.sdk_releases]
+        return sorted(found, key=lambda v: tuple(int(x) if x.isdigit() else -1 for x in re.split(r"\D+", v)))
+
 
 LINES: tuple[Line, ...] = (
     Line(
@@ -134,6 +165,19 @@ LINES: tuple[Line, ...] = (
         sdk_version="1.3.2",
         sdk_wheel_sha256="5ff196842b7bc203e13332592ab78ed82cfa1225368a16bb91bf9d5705c62293",
         sdk_source_sha256="d2c2b62d83273014970f1347ef2f35f412010058bb1ceddc67bb6e8fc1dcff78",
+        sdk_releases={
+            "1.3.0": "b4220241e33b80f79113dd21cec414f98baf5028901dcf5ac96156c8fd9fe74c",
+            "1.3.1": "4c5619ce9bdc0f76becd4fe2d0c85aea0667ef6c213e8c8785ecdcc01176d41b",
+        },
+        sdk_release_sources={
+            "1.3.0": "ec8e4712d94c4c536346c9d2f3bdf073f078060e8be18c3ada29b86e1ec5d296",
+            "1.3.1": "66ecd0ab87f7f3dec5668d774f21dabd5edd05ed54471081e963b325976283fb",
+        },
+        core_sdk={
+            "3.3.0": "1.3.0",
+            "3.3.1": "1.3.1",
+            "3.3.2": "1.3.2",
+        },
     ),
     Line(
         name="3.2",
@@ -148,6 +192,19 @@ LINES: tuple[Line, ...] = (
         sdk_version="1.2.2",
         sdk_wheel_sha256="709552227b8139b1264413fdc4f0ef3034dd0519c8adeaffd0c9c908a608e6c5",
         sdk_source_sha256="f000cde29b00efc018404d41507d1cfa9fd6522fd4d6bbf5e7549eb294faeba6",
+        sdk_releases={
+            "1.2.0": "a20b98493905ad879ec3f806a0b92da3f1f7fb95e1f196c0ff1985e6286aad4e",
+            "1.2.1": "2816d191b0777034e69cc5a73b81a8cacaa77f6b95f6daa48f1563339a14c6f1",
+        },
+        sdk_release_sources={
+            "1.2.0": "afd53701518639627701c2f7a292b4bfa6a416d7724ae483416ad65fe8bd6abb",
+            "1.2.1": "7a192ac853fed7d45bc399190f9402d0fc6694ded9fe38a3784fef1f3417cc3e",
+        },
+        core_sdk={
+            "3.2.0": "1.2.0",
+            "3.2.1": "1.2.1",
+            "3.2.2": "1.2.2",
+        },
     ),
     Line(
         name="3.1",
@@ -167,6 +224,18 @@ LINES: tuple[Line, ...] = (
             "1.1.6": "a9f97272f878c65133074da740062beaa7d422bf0b6a46c1abc98861ef601390",
             "1.1.7": "8c30a0f4a7111a18a5a7d6b0de18a235b805efc9491e9d1ba9fda43cd7e9d51e",
         },
+        sdk_releases={
+            "1.1.5": "d6ecdb5a5350feee01c861ac0d9e7ad50fcae914e459ef6a69a1bb3bc5f9a5e2",
+        },
+        sdk_release_sources={
+            "1.1.5": "9919f8571c595a64e3bb77e3bd2b906bfb4b10567421e524a24fede9332195b7",
+        },
+        core_sdk={
+            "3.1.5": "1.1.5",
+            "3.1.6": "1.1.6",
+            "3.1.7": "1.1.7",
+            "3.1.8": "1.1.8",
+        },
     ),
     Line(
         name="3.4",
@@ -178,6 +247,9 @@ LINES: tuple[Line, ...] = (
         sdk_version="1.4.0b2",
         sdk_wheel_sha256="621afa4e10c8cacdf33028d29ec7506d0c94c543e1f04a66ac77f9f079789f74",
         sdk_source_sha256="6f04b4108f61aaa169bb3e68b245a982270be35806360a2986cf1f9ea0f71fae",
+        core_sdk={
+            "3.4.0b2": "1.4.0b2",
+        },
     ),
 )
 
