@@ -361,10 +361,9 @@ def test_both_files_install_and_restore_together(
             "1.3.0",
             SDK_BASE,
             r"apache-airflow-task-sdk 1\.3\.0 is not a release the 3\.3 overlay is verified "
-            r"with \(verified: 1\.3\.1, 1\.3\.2\): `uv pip install --python \S+ 'apache-airflow-core==3\.3\.2' "
-            r"'apache-airflow-task-sdk==1\.3\.2'` \(the pair apache-airflow-core 3\.3\.2 requires\), then "
-            r"install again; or install the executor's fixes alone, task-sdk's supervisor fix left out: "
-            r"`nox -s overlay -- install --only executor --python \S+`; refusing, nothing changed",
+            r"with \(verified: 1\.3\.1, 1\.3\.2\): `uv pip install --python \S+ "
+            r"'apache-airflow-core==3\.3\.2' 'apache-airflow-task-sdk==1\.3\.2'` \(the pair "
+            r"apache-airflow-core 3\.3\.2 requires\), then install again; refusing, nothing changed",
         ),
         (
             "1.3.2",
