@@ -2,15 +2,18 @@
 
 It reads every package's records, so it stands above them all: the series' conventions
 (``tools.engine.series``), the standalone PRs' headers (``tools.delivery.upstream_prs``), the series
-applied to every line (``tools.engine.apply``) and the model's overlay hash (``tools.measure.model``).
+applied to every line (``tools.engine.apply``) with its churn ratchet (``tools.engine.churn``),
+and the model's overlay hash (``tools.measure.model``).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 
 from tools.delivery import upstream_prs
 from tools.engine import apply as engine_mod
+from tools.engine import churn
 from tools.engine.series import (
     check_applied_upstream,
     check_authors,
@@ -68,19 +71,44 @@ def lint_series(layout: Layout = DEFAULT) -> list[str]:
     return errors
 
 
-def lint_against_engine(layout: Layout = DEFAULT) -> list[str]:
-    """The checks that need the series applied to every line (the engine downloads the bases)."""
+def lint_against_engine(layout: Layout = DEFAULT, notes: list[str] | None = None) -> list[str]:
+    """
+    The checks that need the series applied to every line (the engine downloads the bases).
+
+    ``notes`` gets where each line's churn stands against its ratchet (not problems).
+    """
     engine = engine_mod.Engine(layout)
     results = engine.apply_all()
     statuses = {name: [p.status for p in res.patches] for name, res in results.items()}
     errors = check_applied_upstream(engine.series, statuses)
-    return errors + model.overlay_hash_problems()
+    return errors + churn_problems(engine, results, notes) + model.overlay_hash_problems()
+
+
+def churn_problems(
+    engine: engine_mod.Engine,
+    results: dict[str, engine_mod.LineResult],
+    notes: list[str] | None = None,
+    ceilings: Mapping[str, int] = churn.CEILINGS,
+) -> list[str]:
+    """The churn ratchet (``tools.engine.churn``): a line above its ceiling, or one not measured."""
+    errors = [
+        f"churn: {name} not measured: a patch fails to apply there (nox -s apply)"
+        for name, res in results.items()
+        if not res.ok
+    ]
+    churns = [churn.line_churn(name, r.stages, engine.series) for name, r in results.items() if r.ok]
+    if notes is not None:
+        notes.extend(churn.ratchet_notes(churns, ceilings))
+    return errors + churn.ratchet(churns, ceilings)
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
     errors = lint_series()
+    notes: list[str] = []
     if not errors:
-        errors = lint_against_engine()
+        errors = lint_against_engine(notes=notes)
+    for note in notes:
+        print(note)
     for e in errors:
         print(e)
     n = len(read_series_names(DEFAULT.series_file))

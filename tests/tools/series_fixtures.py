@@ -102,7 +102,9 @@ class Project:
         self.names: list[str] = []
         self.tree: dict[str, str] = {REPO_PATH: BASE_PRIMARY}
 
-    def add(self, name: str, changes: dict[str, str | None], subject: str | None = None) -> str:
+    def add(
+        self, name: str, changes: dict[str, str | None], subject: str | None = None, dep3: str = DEP3
+    ) -> str:
         """Append a patch made against the primary line's current stage."""
         after = dict(self.tree)
         for p, text in changes.items():
@@ -110,7 +112,7 @@ class Project:
                 after.pop(p, None)
             else:
                 after[p] = text
-        text = make_patch(self.tree, after, subject or f"Patch {name}")
+        text = make_patch(self.tree, after, subject or f"Patch {name}", dep3=dep3)
         (self.root / "patches" / name).write_text(text)
         self.names.append(name)
         self.tree = after

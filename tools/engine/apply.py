@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tools.engine import fetch
+from tools.engine import churn, fetch
 from tools.engine.series import Patch, Series, load_series, read_patch
 from tools.shared import pins
 from tools.shared.errors import ToolError
@@ -762,6 +762,10 @@ def run_apply(
                 print("derived files: up to date", file=out)
     else:
         print("nothing written: fix the failure first", file=out)
+    churns = [churn.line_churn(name, r.stages, engine.series) for name, r in results.items() if r.ok]
+    report["churn"] = {c.line: c.to_json() for c in churns}
+    if churns:
+        print(churn.render_table(churns), file=out)
     report["ok"] = ok
     report["seconds"] = round(time.monotonic() - started, 2)
     json_path = json_path or engine.layout.build / "apply.json"
