@@ -133,14 +133,14 @@ def _named(text: str) -> set[str]:
 def stray_options(text: str) -> list[str]:
     """An option quoted on its own (`--every-stage`, `restore --force`) must be one of a session or
     command the same doc names: test_doc_commands parses whole commands, not these."""
-    commands, wrappers = tool_commands(), tool_sessions()
+    commands, wrappers, sessions = tool_commands(), tool_sessions(), nox_sessions()
     known = set(FOREIGN_OPTIONS)
     for name in _named(text):
         if name in commands:
             known |= commands[name]
         if name in wrappers:
             known |= commands[wrappers[name]]
-        elif name in nox_sessions():
+        elif name in sessions:
             known |= session_options(name)
     found = []
     for span, _ in snippets(text):
