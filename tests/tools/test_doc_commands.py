@@ -1,4 +1,5 @@
-"""Every command README.md and docs/*.md quote runs as written, checked without doing the work.
+"""Every command README.md, CONTRIBUTING.md and docs/*.md quote runs as written, checked without
+doing the work.
 
 Each ``nox -s SESSION [-- ARGS]`` names a session of noxfile.py, and the ARGS of a session that
 wraps ``python -m tools COMMAND`` parse with that command's own argument parser (the dry form of
@@ -10,8 +11,6 @@ command is run for real on an externally managed Python (PEP 668) when this mach
 from __future__ import annotations
 
 import ast
-import contextlib
-import io
 import re
 import shlex
 import shutil
@@ -20,29 +19,16 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from doc_snippets import DOCS, FENCE, ROOT, nox_sessions, parses, snippets, tool_sessions
 
 from tools.__main__ import build_parser
 from tools.engine.series import read_patch, read_series_names
 from tools.shared import pins
 from tools.shared.layout import DEFAULT
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Sessions that are thin wrappers over `python -m tools <same name>`.
-TOOL_SESSIONS = {"apply", "verify", "e2e", "overlay", "package", "backport", "pr", "bench", "chaos", "model"}
+TOOL_SESSIONS = {name for name, command in tool_sessions().items() if name == command}
 _START = re.compile(r"(?:^|(?<=[\s/]))(nox -s |python3? -m tools )")
-_FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", flags=re.M | re.S)
-
-
-def snippets(text: str) -> list[tuple[str, bool]]:
-    """The lines of fenced code blocks (examples), and every inline code span (joined if it wraps
-    a line): an example too, unless it is a bare session or command name mentioned in prose."""
-    out = [(ln, True) for block in _FENCE.findall(text) for ln in block.splitlines()]
-    rest = _FENCE.sub("", text)
-    for span in re.findall(r"`([^`]+)`", rest):
-        span = " ".join(span.split())
-        out.append((span, not re.fullmatch(r"(nox -s|python3? -m tools) [\w-]+", span)))
-    return out
 
 
 def commands(text: str) -> list[str]:
@@ -60,31 +46,6 @@ def commands(text: str) -> list[str]:
 def doc_commands() -> list[tuple[str, str]]:
     found = [(doc.relative_to(ROOT).as_posix(), cmd) for doc in DOCS for cmd in commands(doc.read_text())]
     return list(dict.fromkeys(found))  # each distinct command of a file once
-
-
-def nox_sessions() -> set[str]:
-    """The session names of noxfile.py (functions decorated with ``@nox.session``)."""
-    tree = ast.parse((ROOT / "noxfile.py").read_text())
-    names = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            for dec in node.decorator_list:
-                target = dec.func if isinstance(dec, ast.Call) else dec
-                if ast.unparse(target) == "nox.session":
-                    names.add(node.name)
-    return names
-
-
-def parses(argv: list[str]) -> str | None:
-    """None if ``python -m tools *argv`` parses (``--help`` counts), else argparse's complaint."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            build_parser().parse_args(argv)
-        except SystemExit as exc:
-            if exc.code:
-                return err.getvalue().strip().splitlines()[-1]
-    return None
 
 
 def refused(tool: str, args: list[str]) -> str | None:
@@ -110,6 +71,8 @@ def refused(tool: str, args: list[str]) -> str | None:
 def problem(cmd: str, sessions: set[str]) -> str | None:
     if cmd.startswith("MENTION "):  # a name in prose: the session or command must exist
         words = cmd.split()[1:]
+        if words[-1].isupper():  # a placeholder (`python -m tools COMMAND`), not a name
+            return None
         if words[0] == "nox":
             return None if words[2] in sessions else f"no nox session {words[2]!r} in noxfile.py"
         return parses([words[3], "--help"])
@@ -155,6 +118,7 @@ def test_the_check_catches_what_a_reader_would_trip_on() -> None:
     assert "no nox session" in (problem("MENTION nox -s test", sessions) or "")
     assert problem("MENTION nox -s pr", sessions) is None and problem("nox -s pr", sessions)
     assert "invalid choice" in (problem("MENTION python -m tools lint", sessions) or "")
+    assert problem("MENTION python -m tools COMMAND", sessions) is None
     assert "already upstream" in (problem("nox -s pr -- --repo ../airflow 3", sessions) or "")
     assert "unrecognized arguments" in (problem("python -m tools verify --lines 3.2", sessions) or "")
     assert "not a pinned line" in (problem("nox -s tests -- --line 3.9", sessions) or "")
@@ -163,7 +127,7 @@ def test_the_check_catches_what_a_reader_would_trip_on() -> None:
 
 def first_command() -> str:
     readme = (ROOT / "README.md").read_text()
-    blocks: list[str] = _FENCE.findall(readme)
+    blocks: list[str] = FENCE.findall(readme)
     return next(ln for block in blocks for ln in block.splitlines() if "venv" in ln)
 
 

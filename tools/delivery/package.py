@@ -54,6 +54,7 @@ from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 
 DIST_NAME = "airflow-localexecutor-patched"  # no "apache-": this is not an ASF release
+WHEEL_DIST = DIST_NAME.replace("-", "_")  # the distribution as wheel and .dist-info names spell it
 IMPORT_NAME = "localexecutor_patched"
 EXECUTOR_CLASS = f"{IMPORT_NAME}.executor.LocalExecutor"
 ENTRY_POINT_GROUP = "apache_airflow_provider"
@@ -125,16 +126,18 @@ class Verified:
 
 
 def series_length(layout: Layout = DEFAULT) -> int:
+    """The post-release number: every added patch makes a new version and a new wheel name."""
     return len(series.read_series_names(layout.series_file))
 
 
 def package_version(line: pins.Line, layout: Layout = DEFAULT) -> str:
-    """PEP 440: the line's base, then the series length as a post-release (``3.3.2.post15``)."""
+    """PEP 440: the line's base, then the series length as a post-release (``3.3.2.post<N>``)."""
     return f"{line.version}.post{series_length(layout)}"
 
 
 def wheel_name(line: pins.Line, layout: Layout = DEFAULT) -> str:
-    return f"{DIST_NAME.replace('-', '_')}-{package_version(line, layout)}-{WHEEL_TAG}.whl"
+    """The wheel's file name: the one place it is made (the build, _verified.py, the docs' test)."""
+    return f"{WHEEL_DIST}-{package_version(line, layout)}-{WHEEL_TAG}.whl"
 
 
 def _versions(version: str, covers: Iterable[str]) -> tuple[str, ...]:
@@ -583,7 +586,7 @@ def source_date(layout: Layout = DEFAULT) -> datetime:
 
 def wheel_bytes(line: pins.Line, layout: Layout = DEFAULT) -> bytes:
     """The wheel of ``line``: the same checkout gives the same bytes."""
-    dist_info = f"{DIST_NAME.replace('-', '_')}-{package_version(line, layout)}.dist-info"
+    dist_info = f"{WHEEL_DIST}-{package_version(line, layout)}.dist-info"
     files = dict(sorted(sources(line, layout).items()))
     files[f"{dist_info}/METADATA"] = metadata(line, layout).encode()
     files[f"{dist_info}/WHEEL"] = (
