@@ -226,6 +226,9 @@ def test_bump_to_a_final_release_with_the_same_file(
         "sdk_wheel_sha256": "",
         "sdk_source_sha256": "",
         "sdk_covers": {},
+        "sdk_releases": {},
+        "sdk_release_sources": {},
+        "core_sdk": {},
     }
     text = out.getvalue()
     assert (

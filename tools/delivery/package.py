@@ -408,6 +408,10 @@ VERSION = {version!r}
 LINE = {line!r}
 CORE = {core!r}
 TASK_SDK = {sdk!r}
+# The pair pip installs together (core pins its task-sdk exactly), and the task-sdk releases the
+# line's overlay carries a supervisor fix of its own for (the wheel's subclass is its base's).
+BASE = {base!r}
+OVERLAY_TASK_SDK = {overlay_sdk!r}
 # Every line's wheel of the same series: (line, apache-airflow-core releases, task-sdk releases, wheel).
 WHEELS = {wheels}
 
@@ -429,9 +433,16 @@ def problem(core: str | None, task_sdk: str | None) -> str | None:
         f"with apache-airflow-task-sdk {{task_sdk or 'missing'}}"
     )
     if core in CORE:
-        return (
-            f"{{what}}: install apache-airflow-task-sdk=={{TASK_SDK[-1]}}, which this wheel was verified with"
+        fix = (
+            f"{{what}}: `pip install 'apache-airflow-core=={{BASE[0]}}' 'apache-airflow-task-sdk=={{BASE[1]}}'`, "
+            "the pair this wheel was verified on"
         )
+        if task_sdk in OVERLAY_TASK_SDK:
+            fix += (
+                f"; or keep them and install the series' overlay instead (`nox -s overlay -- install`), "
+                f"verified with apache-airflow-task-sdk {{task_sdk}}"
+            )
+        return fix
     for _line, cores, sdks, wheel in WHEELS:
         if core in cores:
             extra = "" if task_sdk in sdks else f" (verified with apache-airflow-task-sdk {{'/'.join(sdks)}})"
@@ -512,6 +523,8 @@ def sources(line: pins.Line, layout: Layout = DEFAULT) -> dict[str, bytes]:
         line=line.name,
         core=me.core,
         sdk=me.task_sdk,
+        base=(line.version, line.sdk_version),
+        overlay_sdk=tuple(line.sdk_versions),
         wheels="(\n" + "".join(f"    {w!r},\n" for w in wheels) + ")",
     )
     return {
