@@ -424,7 +424,7 @@ class OverlayInstaller:
         """The overlay's file; a task-sdk release the line's base does not ship has its own supervisor."""
         pin = line.supervisor_pin(sdk_version) if file is pins.SUPERVISOR else None
         if pin is not None and pin != line.pin(file):
-            return self.overlay_dir / line.name / apply.sdk_release_dir(sdk_version) / file.package_path
+            return self.overlay_dir / line.name / apply.sdk_release_dir(pin.version) / file.package_path
         return self.overlay_dir / line.name / file.package_path
 
     def _members(self, env: Environment, line: pins.Line) -> list[tuple[Installed, pins.Pin | None]]:

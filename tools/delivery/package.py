@@ -434,8 +434,8 @@ def problem(core: str | None, task_sdk: str | None) -> str | None:
     )
     if core in CORE:
         fix = (
-            f"{{what}}: `pip install 'apache-airflow-core=={{BASE[0]}}' 'apache-airflow-task-sdk=={{BASE[1]}}'`, "
-            "the pair this wheel was verified on"
+            f"{{what}}: `pip install 'apache-airflow-core=={{BASE[0]}}' "
+            f"'apache-airflow-task-sdk=={{BASE[1]}}'`, the pair this wheel was verified on"
         )
         if task_sdk in OVERLAY_TASK_SDK:
             fix += (
