@@ -105,6 +105,10 @@ def tests(session: nox.Session, line: str) -> None:
             "-p",
             "no:cacheprovider",
             "-rfEs",  # failures, errors and every skip with its reason
+            # An exception raised where nothing can catch it (a finalizer, a thread) fails the run:
+            # Python 3.13 reports the close() errors of collected files (io.IOBase's finalizer).
+            "-W",
+            "error::pytest.PytestUnraisableExceptionWarning",
             *record,
             *posargs,
             external=True,

@@ -183,7 +183,8 @@ proctype Worker(byte w; byte g) {
 }
 
 /* SIGKILL of any worker at any step (idle, mid-read, mid-task, mid-frame), up to KILLS times; the
-   killed worker's `unless` ends it at once, whatever it held stays held. */
+   killed worker's `unless` ends it at once, whatever it held stays held. A SIGTERM to a worker is the
+   same step: the worker keeps SIGTERM's default disposition and handles nothing. */
 #define KILLOPT(i) :: d_step { N > i && kills < KILLS && alive[i] && KILLABLE(i) -> \
                        kills++; sigkill(i); printf("SIGKILL pid %d\n", wpid[i]) }
 active proctype Killer() {

@@ -94,8 +94,9 @@ def test_prefetch_fraction_from_config_sizes_the_room(start_method):
     assert outcome == {
         # parallelism 4, and the room: all of it, half, none.
         "at rest": {"all": 8, "half": 6, "off": 4, "no task is short": 4},
-        # Two running and one queued against parallelism 2: nothing more for the scheduler to queue.
-        "while busy": {"started": 2, "left queued": 1, "slots": -1},
+        # Two running and one queued against parallelism 2: nothing more for the scheduler to queue (0, never
+        # a negative count that would cancel another executor's free slots in the scheduler's sum).
+        "while busy": {"started": 2, "left queued": 1, "slots": 0},
         "states": ["success", "success", "success"],
     }
 

@@ -98,3 +98,39 @@ def test_room_takes_nothing_back_behind_a_long_task(start_method):
         "states": {"long": "success", "waiting": "success"},
         "open_again": True,
     }
+
+
+def room_closes_while_it_holds_work() -> dict:
+    os.environ["AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT"] = str(QUEUED_TIMEOUT)
+    executor = new_executor(2, prefetch_fraction=1.0)
+    at_rest = executor.slots_available
+    started_dir = tempfile.mkdtemp()
+    gate = Path(tempfile.mkdtemp(), "go")
+    items = [
+        make_workload(f"t{i}", fake={"started_dir": started_dir, "wait_for": str(gate)}) for i in range(4)
+    ]
+    # As the scheduler does: it takes every slot offered in one loop, two of them in the room.
+    dispatch(executor, items[:at_rest])
+    started = wait_until(lambda: executor.sync() or len(os.listdir(started_dir)) == 2, timeout=30)
+    # The two running tasks turn long: the room closes while it still holds two.
+    closed = wait_until(lambda: executor._room() == 0, timeout=LONG + 3)
+    available = executor.slots_available
+    gate.touch()
+    states = wait_for_states(executor, [key_of(w) for w in items[:at_rest]], timeout=30)
+    executor.end()
+    return {
+        "at_rest": at_rest,
+        "started": started,
+        "closed": closed,
+        "available": available,
+        "states": states,
+    }
+
+
+def test_slots_available_is_never_negative_when_the_room_closes_while_it_holds_work():
+    # The scheduler sums slots_available over its executors: a negative count would cancel another's free
+    # slots, and stop its queuing for every executor in that loop.
+    outcome = run_scenario(room_closes_while_it_holds_work, deadline=90)
+    assert outcome["at_rest"] == 4 and outcome["started"] and outcome["closed"], outcome
+    assert outcome["available"] == 0, outcome
+    assert set(outcome["states"].values()) == {"success"}, outcome

@@ -30,12 +30,13 @@ UV = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
 HAVE_UV = Path(UV).is_file()
 SUPERVISOR_TESTS = LAYOUT.root / pins.SUPERVISOR.tests_dir
 
-# Every core release whose task-sdk is not the one its line's base pins (those run in `nox -s tests`).
+# Every core release whose task-sdk ships a supervisor.py of its own (the base's, and the same file of
+# the releases it covers, are tested against each line's base in `nox -s tests`).
 RELEASES = [
     pytest.param(line, core, id=core)
     for line in pins.LINES
     for core, sdk in line.core_sdk.items()
-    if sdk != line.sdk_version
+    if sdk in line.sdk_releases
 ]
 
 pytestmark = [

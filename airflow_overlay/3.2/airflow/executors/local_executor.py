@@ -250,7 +250,15 @@ STARTED = "lepatch:started"
 
 def _send_result(output: Connection, result: LocalResult) -> None:
     """Write one result frame (blocking: only the executor reads this pipe, and it always does)."""
-    data = ForkingPickler.dumps(result)
+    try:
+        data = ForkingPickler.dumps(result)
+    except Exception as e:
+        key, state, exc = result
+        if exc is None:
+            raise
+        # An exception holding a lock, a socket or a client does not pickle: raised here it would kill the
+        # worker, failing the key as a dead worker's with the real error only in the worker's log.
+        data = ForkingPickler.dumps((key, state, f"{exc!r} (could not be pickled: {e})"))
     frame = memoryview(_FRAME_HEADER.pack(len(data)) + data)
     while frame:
         frame = frame[os.write(output.fileno(), frame) :]
@@ -411,6 +419,10 @@ def _run_worker(
 
     # Ignore ctrl-c in this process -- we don't want to kill _this_ one. we let tasks run to completion
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the executor process's SIGTERM handler: the scheduler's returns without
+    # exiting in any process but its own, so SIGTERM did nothing here. A worker ends on SIGTERM; what it
+    # started is killed once the executor sees it dead, and its key is failed, as for any dead worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     # A forked worker inherits the executor's ends of every worker's pipes, its own included. Holding them
     # would keep those pipes alive past their owners: a worker would never see EOF when the executor dies.
@@ -691,7 +703,9 @@ class LocalExecutor(BaseExecutor):
     def slots_available(self):
         """Free slots, counting every result that has arrived by now (read without blocking)."""
         self._refresh()
-        return self.parallelism + self._room() - super().slots_occupied
+        # Never below 0: the room closes while it still holds work once its tasks turn long, and the scheduler
+        # sums this over its executors, where a negative count would cancel another executor's free slots.
+        return max(0, self.parallelism + self._room() - super().slots_occupied)
 
     @property
     def slots_occupied(self):
