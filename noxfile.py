@@ -8,6 +8,7 @@ Arguments after `--` go to the tool or to pytest: `nox -s apply -- --line 3.2`.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -81,6 +82,8 @@ def tests(session: nox.Session, line: str) -> None:
     try:
         if line == "tools":
             python, paths = venvs.ensure_tools(), ["tests/tools"]
+            # why: the tests that build real Airflow venvs run the uv this nox runs with (beside it)
+            extra_env["PATH"] = os.pathsep.join([str(Path(venvs.find_uv()).parent), os.environ.get("PATH", "")])
         else:
             python, paths = venvs.ensure(line, python=interpreter), [f.tests_dir for f in pins.UPSTREAM_FILES]
             overlay = LAYOUT.overlay_files(line)
