@@ -83,7 +83,9 @@ def tests(session: nox.Session, line: str) -> None:
         if line == "tools":
             python, paths = venvs.ensure_tools(), ["tests/tools"]
             # why: the tests that build real Airflow venvs run the uv this nox runs with (beside it)
-            extra_env["PATH"] = os.pathsep.join([str(Path(venvs.find_uv()).parent), os.environ.get("PATH", "")])
+            extra_env["PATH"] = os.pathsep.join(
+                [str(Path(venvs.find_uv()).parent), os.environ.get("PATH", "")]
+            )
         else:
             python, paths = venvs.ensure(line, python=interpreter), [f.tests_dir for f in pins.UPSTREAM_FILES]
             overlay = LAYOUT.overlay_files(line)

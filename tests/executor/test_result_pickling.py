@@ -62,7 +62,7 @@ def _raise_for(task_id: str) -> None:
         local_executor._execute_work = execute_work  # type: ignore[attr-defined, unused-ignore]
 
 
-def fail_with_an_unpicklable_exception() -> dict:
+def fail_with_an_unpicklable_exception() -> dict[str, Any]:
     _raise_for("unpicklable")
     executor = new_executor(1)
     bad, nxt = (
@@ -79,7 +79,7 @@ def fail_with_an_unpicklable_exception() -> dict:
 
 
 @pytest.mark.fixed_by(PICKLING_PATCH)
-def test_an_exception_that_cannot_be_pickled_fails_its_key_with_its_repr():
+def test_an_exception_that_cannot_be_pickled_fails_its_key_with_its_repr() -> None:
     outcome = run_scenario(fail_with_an_unpicklable_exception, start_method="fork", deadline=120)
     assert outcome["states"] == {"unpicklable": "failed", "next": "success"}, outcome
     assert "the real error: HTTP 503 from the API" in outcome["info"], outcome

@@ -33,6 +33,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from harness import dispatch, key_of, make_workload, new_executor, read_marks, run_scenario, wait_until
@@ -59,12 +60,12 @@ def _scheduler_like_sigterm_handler() -> None:
     signal.signal(signal.SIGTERM, exit_gracefully)
 
 
-def sigterm_the_worker_of_each_task() -> dict:
+def sigterm_the_worker_of_each_task() -> dict[str, Any]:
     _scheduler_like_sigterm_handler()
     executor = new_executor(1)  # one worker: the second task runs on the worker that replaced the first
     marks = str(Path(tempfile.mkdtemp(), "marks"))
     started_dir = tempfile.mkdtemp()
-    outcome: dict = {}
+    outcome: dict[str, Any] = {}
     for tag in ("original", "replacement"):
         workload = make_workload(tag, fake={"started_dir": started_dir, "marks": marks, "mark_for": 60})
         key = key_of(workload)
@@ -98,7 +99,7 @@ def sigterm_the_worker_of_each_task() -> dict:
 
 
 @pytest.mark.fixed_by(SIGTERM_PATCH)
-def test_sigterm_ends_a_worker_and_its_task_process_under_a_scheduler_like_handler(start_method):
+def test_sigterm_ends_a_worker_and_its_task_process_under_a_scheduler_like_handler(start_method: str) -> None:
     outcome = run_scenario(sigterm_the_worker_of_each_task, start_method=start_method, deadline=150)
     for tag in ("original", "replacement"):
         assert outcome.get(tag) == {"worker_ended": True, "state": "failed", "task_process_dead": True}, (
@@ -113,7 +114,7 @@ def _exitcode(proc: multiprocessing.process.BaseProcess) -> int | None:
         return None
 
 
-def terminate_sixteen_busy_workers() -> dict:
+def terminate_sixteen_busy_workers() -> dict[str, Any]:
     _scheduler_like_sigterm_handler()
     executor = new_executor(16)
     started_dir = tempfile.mkdtemp()
@@ -137,7 +138,7 @@ def terminate_sixteen_busy_workers() -> dict:
 
 
 @pytest.mark.fixed_by(SIGTERM_PATCH)
-def test_terminate_stops_sixteen_busy_workers_with_sigterm_alone():
+def test_terminate_stops_sixteen_busy_workers_with_sigterm_alone() -> None:
     # Forked workers only: a spawned worker starts with no Python handler to inherit.
     outcome = run_scenario(terminate_sixteen_busy_workers, start_method="fork", deadline=90)
     assert outcome["all_started"], outcome
