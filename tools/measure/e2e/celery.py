@@ -176,6 +176,10 @@ class ProcessGroup:
         leftovers = sweep_sessions(sids)
         if leftovers:
             out["leftover_pids_killed"] = {"pids": leftovers}
+        # SIGKILL is delivered asynchronously: return once the kernel has really ended them.
+        deadline = time.monotonic() + 5.0
+        while procfs.session_members(sids) and time.monotonic() < deadline:
+            time.sleep(0.02)
         return out
 
     def __enter__(self) -> ProcessGroup:
