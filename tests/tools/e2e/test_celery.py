@@ -26,13 +26,30 @@ from tools.shared.layout import Layout
 
 def test_celery_defaults_to_postgres_and_the_throughput_scenario() -> None:
     o = cli.parse_options(["--executor", "celery"])
-    assert (o.executor, o.db, o.scenarios, o.stage, o.reap_sigchld) == ("celery", "postgres", ["throughput"], None, False)
+    assert (o.executor, o.db, o.scenarios, o.stage, o.reap_sigchld) == (
+        "celery",
+        "postgres",
+        ["throughput"],
+        None,
+        False,
+    )
     assert cli.parse_options([]).db == "sqlite"
 
 
 def test_celery_compares_the_unpatched_and_the_fixed_supervisor_in_rounds() -> None:
     o = cli.parse_options(
-        ["--executor", "celery", "--compare-stages", "0,full", "--rounds", "3", "--tasks", "200", "--parallelism", "16"]
+        [
+            "--executor",
+            "celery",
+            "--compare-stages",
+            "0,full",
+            "--rounds",
+            "3",
+            "--tasks",
+            "200",
+            "--parallelism",
+            "16",
+        ]
     )
     assert (o.compare, o.rounds, o.tasks, o.parallelism) == ([0, None], 3, 200, 16)
     assert [driver.stage_label(s, "celery") for s in o.compare] == ["unpatched", "supervisor fix"]
@@ -61,11 +78,15 @@ def test_celery_refuses_what_it_cannot_run_in_one_line(argv: list[str], message:
     assert "\n" not in str(info.value)
 
 
-def test_e2e_lock_celery_writes_its_own_file_with_the_provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_e2e_lock_celery_writes_its_own_file_with_the_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     line = pins.get_line("3.3")
     monkeypatch.setattr(fetch, "ensure_wheel", lambda line, layout: Path("unused.whl"))
     monkeypatch.setattr(lock, "oldest_python", lambda wheel: "3.10")
-    monkeypatch.setattr(lock, "release_cutoff", lambda line, simple: datetime(2026, 9, 17, tzinfo=timezone.utc))
+    monkeypatch.setattr(
+        lock, "release_cutoff", lambda line, simple: datetime(2026, 9, 17, tzinfo=timezone.utc)
+    )
     asked: list[str] = []
 
     def fake_uv(*args: str) -> str:
@@ -98,7 +119,14 @@ def test_a_missing_redis_server_is_one_line_naming_the_package(monkeypatch: pyte
 
 def test_the_config_is_loopback_only_without_persistence(tmp_path: Path) -> None:
     text = celery.redis_config(6399, tmp_path)
-    for want in ("port 6399", "bind 127.0.0.1", "daemonize no", f"dir {tmp_path}", 'save ""', "appendonly no"):
+    for want in (
+        "port 6399",
+        "bind 127.0.0.1",
+        "daemonize no",
+        f"dir {tmp_path}",
+        'save ""',
+        "appendonly no",
+    ):
         assert want in text.splitlines()
 
 
@@ -267,14 +295,15 @@ def test_signal_disposition_reads_proc_status(code: str, want: str) -> None:
         p.wait()
     with pytest.raises(procfs.ProcGone):
         celery.signal_disposition(p.pid)
-    assert signal.SIGCHLD == 17  # the bit /proc/PID/status shows it at
+    assert int(signal.SIGCHLD) == 17  # the bit /proc/PID/status shows it at
 
 
 def test_lingering_are_the_ended_tasks_whose_supervisor_has_not_returned(tmp_path: Path) -> None:
     log = tmp_path / "celery-worker-1.log"
     log.write_text(
         "2026-12-05T23:39:41Z [info     ] Workload finished              [supervisor] duration=0.7 "
-        "exit_code=0 final_state=success loc=supervisor.py:2658 workload_id=aaaa-1 workload_type=ExecuteTask\n"
+        "exit_code=0 final_state=success loc=supervisor.py:2658 workload_id=aaaa-1 "
+        "workload_type=ExecuteTask\n"
         "2026-12-05T23:39:42Z [info     ] Task finished duration=0.7 task_instance_id=bbbb-2\n"
     )
     assert celery.finished_ids(log) == {"aaaa-1", "bbbb-2"}

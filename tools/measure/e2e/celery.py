@@ -35,7 +35,15 @@ from types import TracebackType
 from typing import Any
 
 from tools.measure.e2e import procfs
-from tools.measure.e2e.stack import AirflowStack, Process, StackConfig, StackError, free_port, sweep_sessions, tail
+from tools.measure.e2e.stack import (
+    AirflowStack,
+    Process,
+    StackConfig,
+    StackError,
+    free_port,
+    sweep_sessions,
+    tail,
+)
 
 INSTALL_REDIS = "apt-get install redis-server"
 # celery prints "<name>@<host> ready." once its pool is up and it consumes from the broker.
@@ -90,7 +98,7 @@ class Redis:
         found = binary or find_redis_server()
         if not found or not Path(found).is_file():
             raise StackError(
-                f"redis-server not found (the Celery broker of --executor celery); install it: {INSTALL_REDIS}"
+                f"redis-server not found (--executor celery's broker); install it: {INSTALL_REDIS}"
             )
         self.binary = found
         self.say = say
@@ -105,7 +113,9 @@ class Redis:
 
     def start(self, timeout: float = 15.0) -> None:
         self.config.write_text(redis_config(self.port, self.root))
-        self.proc.start(env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, cwd=self.root)
+        self.proc.start(
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, cwd=self.root
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.proc.alive():
@@ -229,8 +239,8 @@ def sigchld_report(worker_pid: int) -> dict[str, Any]:
 
 # -- the hook for apache/airflow#70117 ----------------------------------------------------------
 
-REAP_HOOK = f'''"""--celery-reap-sigchld (tools/measure/e2e/celery.py): a SIGCHLD handler in each pool child that
-reaps every child with waitpid(-1), as in apache/airflow#70117. Test use only."""
+REAP_HOOK = f'''"""--celery-reap-sigchld (tools/measure/e2e/celery.py): a SIGCHLD handler in each pool
+child that reaps every child with waitpid(-1), as in apache/airflow#70117. Test use only."""
 import os
 import signal
 

@@ -206,7 +206,9 @@ def options_from(args: argparse.Namespace) -> Options:
 def check_celery(args: argparse.Namespace, compare: list[int | None], db: str) -> None:
     """``--executor celery``: what it runs with, one line for anything else."""
     if db != "postgres":
-        raise ToolError("--executor celery needs --db postgres (the metadata database and Celery result backend)")
+        raise ToolError(
+            "--executor celery needs --db postgres (the metadata database and Celery result backend)"
+        )
     other = [s for s in args.scenarios or () if s not in CELERY_SCENARIOS]
     if other:
         raise ToolError(
@@ -214,7 +216,9 @@ def check_celery(args: argparse.Namespace, compare: list[int | None], db: str) -
             f"workers), not {', '.join(other)}"
         )
     if args.supervisor is not None:
-        raise ToolError("--executor celery: the stage itself picks the supervisor (0 or full); no --supervisor")
+        raise ToolError(
+            "--executor celery: the stage itself picks the supervisor (0 or full); no --supervisor"
+        )
     for stage in [args.stage, *compare]:
         if stage not in (None, 0):
             raise ToolError(
@@ -288,7 +292,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     lk.add_argument(
         "--celery",
         action="store_true",
-        help="the CeleryExecutor's environment (apache-airflow[celery]) into constraints/e2e-celery-<line>.txt",
+        help="the CeleryExecutor's (apache-airflow[celery]) into constraints/e2e-celery-<line>.txt",
     )
     lk.set_defaults(func=_cmd_e2e_lock)
 

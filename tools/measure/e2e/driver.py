@@ -101,8 +101,8 @@ from typing import TYPE_CHECKING
 
 from tools.engine import venvs
 from tools.measure.e2e import looptrace, orphan, procfs, throughput
-from tools.measure.e2e.judge import N_TASKS, Kill, judge
 from tools.measure.e2e.celery import Redis
+from tools.measure.e2e.judge import N_TASKS, Kill, judge
 from tools.measure.e2e.stack import AirflowStack, Postgres, StackConfig, StackError, tail
 from tools.measure.e2e.timeline import format_timeline, rows_from_api, summarize
 from tools.measure.e2e.watch import Json, RestApi, RunWatcher, TaskSnap, WatchResult
@@ -731,8 +731,15 @@ def celery_at_ready(run: Run) -> None:
     run.extra["sigchld_at_ready"] = report
     run.say(
         "  SIGCHLD in the celery worker: "
-        + "; ".join(f"{name}: main {r.get('main')}, pool children {r.get('pool_children')}" for name, r in report.items())
-        + (" (+ --celery-reap-sigchld: installed in each pool child as it starts)" if stack.reap_sigchld else "")
+        + "; ".join(
+            f"{name}: main {r.get('main')}, pool children {r.get('pool_children')}"
+            for name, r in report.items()
+        )
+        + (
+            " (+ --celery-reap-sigchld: installed in each pool child as it starts)"
+            if stack.reap_sigchld
+            else ""
+        )
     )
 
 
@@ -772,7 +779,7 @@ def celery_at_end(run: Run) -> list[str]:
     run.extra["celery_summary"] = summary
     run.event(summary)
     if left:
-        return [f"{len(left)} supervisor(s) still running {grace:g} s after their task ended (lingering, cf. #70117)"]
+        return [f"{len(left)} supervisor(s) still running {grace:g} s after their task ended (cf. #70117)"]
     return []
 
 

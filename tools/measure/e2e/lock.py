@@ -139,7 +139,9 @@ def lock_line(
     if not re.search(rf"^apache-airflow=={re.escape(line.version)}\s*$", text, re.M):
         raise ToolError(f"uv pip compile for the {line.name} line did not pin apache-airflow=={line.version}")
     if celery and not re.search(r"^apache-airflow-providers-celery==", text, re.M):
-        raise ToolError(f"uv pip compile for the {line.name} line did not pin apache-airflow-providers-celery")
+        raise ToolError(
+            f"uv pip compile for the {line.name} line did not pin apache-airflow-providers-celery"
+        )
     target = constraints_path(line, layout, celery)
     target.parent.mkdir(parents=True, exist_ok=True)
     what = " with CeleryExecutor" if celery else ""

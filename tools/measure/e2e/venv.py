@@ -224,13 +224,19 @@ class AirflowVenv:
         path = pins.SUPERVISOR.package_path
         if not fixed:
             return ExecutorSource(
-                f"task-sdk unpatched (base {self.line.version})", 0, bases[path], "pinned wheel", {path: bases[path]}
+                f"task-sdk unpatched (base {self.line.version})",
+                0,
+                bases[path],
+                "pinned wheel",
+                {path: bases[path]},
             )
         said = io.StringIO()
         try:
             OverlayInstaller(self.python, out=said, only=pins.SUPERVISOR).install()
         except OverlayError as e:
-            raise ToolError(f"overlay install --only supervisor into {LAYOUT.rel(self.path)} failed: {e}") from e
+            raise ToolError(
+                f"overlay install --only supervisor into {LAYOUT.rel(self.path)} failed: {e}"
+            ) from e
         finally:
             for ln in said.getvalue().splitlines():
                 self.say(f"  {ln}")
