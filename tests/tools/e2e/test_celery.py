@@ -52,7 +52,7 @@ def test_celery_compares_the_unpatched_and_the_fixed_supervisor_in_rounds() -> N
         ]
     )
     assert (o.compare, o.rounds, o.tasks, o.parallelism) == ([0, None], 3, 200, 16)
-    assert [driver.stage_label(s, "celery") for s in o.compare] == ["unpatched", "supervisor fix"]
+    assert [driver.stage_label(s, "celery") for s in o.compare] == ["unpatched", "fixed"]
     assert driver.stage_label(None) == "full series"
 
 
@@ -312,3 +312,20 @@ def test_lingering_are_the_ended_tasks_whose_supervisor_has_not_returned(tmp_pat
     reaped = tmp_path / "reaped.txt"
     reaped.write_text("100 reaped 101 status 0\n100 reaped 102 status 0\n")
     assert celery.count_reaped(reaped) == 2 and celery.count_reaped(tmp_path / "none") == 0
+
+
+def test_outcomes_count_how_the_celery_tasks_and_supervisors_ended(tmp_path: Path) -> None:
+    log = tmp_path / "celery-worker-1.log"
+    log.write_text(
+        "[info] Task execute_workload[0a-1] succeeded in 0.9s: None\n"
+        "[error] Task execute_workload[0a-2] raised unexpected: ServerResponseError('Server returned error')\n"
+        "[warning] Task success overtime reached; terminating process. Modify `task_success_overtime` ...\n"
+        "[warning] Process was reaped elsewhere; its exit status is unknown pid=12\n"
+    )
+    assert celery.outcomes(log) == {
+        "celery_succeeded": 1,
+        "celery_raised": 1,
+        "success_overtime_kills": 1,
+        "reaped_elsewhere_warnings": 1,
+    }
+    assert celery.outcomes(tmp_path / "none.log")["celery_succeeded"] == 0

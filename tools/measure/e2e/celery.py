@@ -277,6 +277,29 @@ def write_reap_hook(directory: Path) -> Path:
     return path
 
 
+# The Celery task around supervise() ended (celery's own log lines), and the supervisor's success
+# overtime: it kills a task process that reported success but has not exited after
+# [core] task_success_overtime (20 s), which is how 3.3's supervisor ends a wait for an exit code
+# that psutil will never give (the process reaped elsewhere), with an error.
+CELERY_SUCCEEDED = re.compile(r"Task execute_workload\[[^\]]+\] succeeded in")
+CELERY_RAISED = re.compile(r"Task execute_workload\[[^\]]+\] raised unexpected")
+SUCCESS_OVERTIME = "Task success overtime reached"
+
+
+def outcomes(worker_log: Path) -> dict[str, int]:
+    """How the worker's Celery tasks ended, and how many supervisors hit the success overtime."""
+    try:
+        text = worker_log.read_text(errors="replace")
+    except OSError:
+        text = ""
+    return {
+        "celery_succeeded": len(CELERY_SUCCEEDED.findall(text)),
+        "celery_raised": len(CELERY_RAISED.findall(text)),
+        "success_overtime_kills": text.count(SUCCESS_OVERTIME),
+        "reaped_elsewhere_warnings": text.count(REAPED_ELSEWHERE),
+    }
+
+
 def count_reaped(log: Path) -> int:
     try:
         return sum(1 for ln in log.read_text().splitlines() if " reaped " in ln)

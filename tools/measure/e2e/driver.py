@@ -240,9 +240,9 @@ def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str
 
 def stage_label(stage: int | None, executor: str = "overlay") -> str:
     """How a stage is named in the comparison table: "stage 0", "stage 9", "full series"; with
-    ``--executor celery`` only task-sdk's supervisor changes: "unpatched", "supervisor fix"."""
+    ``--executor celery`` only task-sdk's supervisor changes: "unpatched", "fixed"."""
     if executor == "celery":
-        return "supervisor fix" if stage is None else "unpatched"
+        return "fixed" if stage is None else "unpatched"
     return "full series" if stage is None else f"stage {stage}"
 
 
@@ -761,26 +761,33 @@ def celery_at_end(run: Run) -> list[str]:
         time.sleep(0.5)
         left = celery.lingering(ended, log)
     run.extra["sigchld_at_end"] = {p.name: celery.sigchld_report(p.pid) for p in stack.workers.procs}
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    reaped_elsewhere = text.count(celery.REAPED_ELSEWHERE)
+    ends = celery.outcomes(log)
     reaped = celery.count_reaped(stack.reap_log)
     run.extra["celery"] = {
         "ended": len(ended),
-        "lingering": len(left),
-        "lingering_ids": left[:20],
+        "not_returned": len(left),
+        "not_returned_ids": left[:20],
         "reaped_by_hook": reaped,
-        "reaped_elsewhere_warnings": reaped_elsewhere,
         "reap_sigchld": stack.reap_sigchld,
+        **ends,
     }
     summary = (
-        f"celery: {len(ended)} tasks ended, {len(left)} supervisors still running {grace:g} s later; "
-        f"SIGCHLD hook reaped {reaped}; 'reaped elsewhere' warnings {reaped_elsewhere}"
+        f"celery: {len(ended)} tasks ended; {len(left)} supervisors without 'Workload finished' {grace:g} s "
+        f"later; celery tasks {ends['celery_succeeded']} succeeded, {ends['celery_raised']} raised; "
+        f"success-overtime kills {ends['success_overtime_kills']}; SIGCHLD hook reaped {reaped}; "
+        f"'reaped elsewhere' warnings {ends['reaped_elsewhere_warnings']}"
     )
     run.extra["celery_summary"] = summary
     run.event(summary)
+    out = []
     if left:
-        return [f"{len(left)} supervisor(s) still running {grace:g} s after their task ended (cf. #70117)"]
-    return []
+        out.append(
+            f"{len(left)} supervisor(s) had not returned {grace:g} s after their task ended "
+            f"({ends['success_overtime_kills']} killed by the success overtime; cf. #70117)"
+        )
+    if ends["celery_raised"]:
+        out.append(f"{ends['celery_raised']} Celery task(s) raised (the worker log has the tracebacks)")
+    return out
 
 
 DURING: dict[str, Callable[[Run], None]] = {
@@ -1267,7 +1274,9 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
             n = len(reports) // max(len(stages), 1)
             title = (
                 f"{name}: {opts.tasks} no-op tasks at parallelism {opts.parallelism}, "
-                f"{opts.line.label}, {opts.db}; ratios to {rows[0].label}"
+                f"{opts.line.label}, {opts.db}"
+                + (", CeleryExecutor, task-sdk's supervisor" if opts.executor == "celery" else "")
+                + f"; ratios to {rows[0].label}"
                 + (f"; medians of {n} rounds" if n > 1 else "")
             )
             out[name] = throughput.compare(rows, title)
