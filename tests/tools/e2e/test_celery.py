@@ -318,7 +318,7 @@ def test_outcomes_count_how_the_celery_tasks_and_supervisors_ended(tmp_path: Pat
     log = tmp_path / "celery-worker-1.log"
     log.write_text(
         "[info] Task execute_workload[0a-1] succeeded in 0.9s: None\n"
-        "[error] Task execute_workload[0a-2] raised unexpected: ServerResponseError('Server returned error')\n"
+        "[error] Task execute_workload[0a-2] raised unexpected: ServerResponseError()\n"
         "[warning] Task success overtime reached; terminating process. Modify `task_success_overtime` ...\n"
         "[warning] Process was reaped elsewhere; its exit status is unknown pid=12\n"
     )

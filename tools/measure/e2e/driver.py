@@ -763,8 +763,11 @@ def celery_at_end(run: Run) -> list[str]:
     run.extra["sigchld_at_end"] = {p.name: celery.sigchld_report(p.pid) for p in stack.workers.procs}
     ends = celery.outcomes(log)
     reaped = celery.count_reaped(stack.reap_log)
+    # A supervisor without "Workload finished" either raised (the Celery task says so) or still runs.
+    running = max(0, len(left) - ends["celery_raised"])
     run.extra["celery"] = {
         "ended": len(ended),
+        "still_running": running,
         "not_returned": len(left),
         "not_returned_ids": left[:20],
         "reaped_by_hook": reaped,
@@ -772,21 +775,23 @@ def celery_at_end(run: Run) -> list[str]:
         **ends,
     }
     summary = (
-        f"celery: {len(ended)} tasks ended; {len(left)} supervisors without 'Workload finished' {grace:g} s "
-        f"later; celery tasks {ends['celery_succeeded']} succeeded, {ends['celery_raised']} raised; "
+        f"celery: {len(ended)} tasks ended; {grace:g} s later {len(ended) - len(left)} supervisors had "
+        f"returned, {running} still ran; celery tasks {ends['celery_succeeded']} succeeded, "
+        f"{ends['celery_raised']} raised; "
         f"success-overtime kills {ends['success_overtime_kills']}; SIGCHLD hook reaped {reaped}; "
         f"'reaped elsewhere' warnings {ends['reaped_elsewhere_warnings']}"
     )
     run.extra["celery_summary"] = summary
     run.event(summary)
     out = []
-    if left:
-        out.append(
-            f"{len(left)} supervisor(s) had not returned {grace:g} s after their task ended "
-            f"({ends['success_overtime_kills']} killed by the success overtime; cf. #70117)"
-        )
+    if running:
+        out.append(f"{running} supervisor(s) still running {grace:g} s after their task ended (cf. #70117)")
     if ends["celery_raised"]:
-        out.append(f"{ends['celery_raised']} Celery task(s) raised (the worker log has the tracebacks)")
+        out.append(
+            f"{ends['celery_raised']} Celery task(s) raised ({ends['success_overtime_kills']} after the "
+            f"success overtime, {ends['reaped_elsewhere_warnings']} 'reaped elsewhere'; tracebacks in "
+            "the worker's log)"
+        )
     return out
 
 
