@@ -90,6 +90,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -949,7 +950,8 @@ class ScenarioRunner:
         finally:
             run.done.set()
             try:
-                if self.opts.executor == "celery":
+                # a Ctrl-C goes straight to the stop, without waiting for the supervisors
+                if self.opts.executor == "celery" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
                     failures += celery_at_end(run)
                 if name == "throughput":
                     run.extra["cpu_s"] = _cpu_by_component(stack)
