@@ -21,6 +21,10 @@ from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT as LAYOUT
 
+EXECUTORS = ("overlay", "package", "celery")
+# What --executor celery can run: the LocalExecutor's kill scenarios have no Celery counterpart.
+CELERY_SCENARIOS = ("throughput",)
+
 # The driver's first docstring line says what the session does, for --help.
 DESCRIPTION = (driver.__doc__ or "").splitlines()[0]
 
@@ -36,7 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             "kill-orphan and throughput only when asked for)"
         ),
     )
-    p.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
+    p.add_argument(
+        "--db",
+        choices=("sqlite", "postgres"),
+        default=None,
+        help="the metadata database (default: sqlite; postgres with --executor celery, which needs it)",
+    )
     p.add_argument(
         "--line", default=pins.PRIMARY.name, help="release line or pinned version (default %(default)s)"
     )
@@ -120,12 +129,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--executor",
-        choices=("overlay", "package"),
+        choices=EXECUTORS,
         default="overlay",
         help=(
             "overlay (default): the series' files in place of Airflow's; package: the line's wheel "
             "(nox -s package) pip-installed into the e2e venv and chosen by AIRFLOW__CORE__EXECUTOR, "
-            "Airflow's own files left the pinned bases"
+            "Airflow's own files left the pinned bases; celery: CeleryExecutor with a Redis broker "
+            "(redis-server, started by the session) and `airflow celery worker` at --parallelism "
+            "concurrency, PostgreSQL as database and result backend, the throughput scenario only; "
+            "a stage then picks task-sdk's supervisor alone (0: unpatched, full: the fix, installed "
+            "with overlay install --only supervisor)"
+        ),
+    )
+    p.add_argument(
+        "--celery-reap-sigchld",
+        action="store_true",
+        help=(
+            "with --executor celery: each Celery pool child reaps its children from a SIGCHLD handler "
+            "(waitpid(-1)), as in apache/airflow#70117, so psutil's wait() returns None"
         ),
     )
     p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
@@ -153,12 +174,19 @@ def options_from(args: argparse.Namespace) -> Options:
         )
     if args.rounds < 1 or (args.rounds > 1 and not compare):
         raise ToolError("--rounds must be at least 1, and more than 1 only with --compare-stages")
+    db = args.db or ("postgres" if args.executor == "celery" else "sqlite")
+    scenarios = list(dict.fromkeys(args.scenarios or DEFAULT_SCENARIOS))
+    if args.executor == "celery":
+        check_celery(args, compare, db)
+        scenarios = list(dict.fromkeys(args.scenarios or CELERY_SCENARIOS))
+    elif args.celery_reap_sigchld:
+        raise ToolError("--celery-reap-sigchld needs --executor celery")
     return Options(
         line=line,
         stage=args.stage,
-        db=args.db,
+        db=db,
         parallelism=args.parallelism,
-        scenarios=list(dict.fromkeys(args.scenarios or DEFAULT_SCENARIOS)),
+        scenarios=scenarios,
         deadline=args.deadline,
         stop_bound=args.stop_bound,
         task_seconds=args.task_seconds,
@@ -171,7 +199,32 @@ def options_from(args: argparse.Namespace) -> Options:
         airflow_env=parse_env(args.airflow_env),
         supervisor=parse_supervisor(args.supervisor),
         executor=args.executor,
+        reap_sigchld=args.celery_reap_sigchld,
     )
+
+
+def check_celery(args: argparse.Namespace, compare: list[int | None], db: str) -> None:
+    """``--executor celery``: what it runs with, one line for anything else."""
+    if db != "postgres":
+        raise ToolError(
+            "--executor celery needs --db postgres (the metadata database and Celery result backend)"
+        )
+    other = [s for s in args.scenarios or () if s not in CELERY_SCENARIOS]
+    if other:
+        raise ToolError(
+            f"--executor celery runs {', '.join(CELERY_SCENARIOS)} only (the others kill LocalExecutor "
+            f"workers), not {', '.join(other)}"
+        )
+    if args.supervisor is not None:
+        raise ToolError(
+            "--executor celery: the stage itself picks the supervisor (0 or full); no --supervisor"
+        )
+    for stage in [args.stage, *compare]:
+        if stage not in (None, 0):
+            raise ToolError(
+                f"--executor celery: stage {stage} means nothing there; task-sdk's supervisor is unpatched "
+                "(0) or fixed (full, the default)"
+            )
 
 
 def parse_supervisor(text: str | None) -> int | str | None:
@@ -236,6 +289,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="resolve each line's e2e environment as of its release into constraints/e2e-<line>.txt",
     )
     lk.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
+    lk.add_argument(
+        "--celery",
+        action="store_true",
+        help="the CeleryExecutor's (apache-airflow[celery]) into constraints/e2e-celery-<line>.txt",
+    )
     lk.set_defaults(func=_cmd_e2e_lock)
 
 
@@ -247,7 +305,7 @@ def _cmd_e2e_lock(args: argparse.Namespace) -> int:
     except KeyError as e:
         raise ToolError(str(e.args[0])) from None
     for line in lines:
-        print(f"wrote {LAYOUT.rel(lock.lock_line(line))}")
+        print(f"wrote {LAYOUT.rel(lock.lock_line(line, celery=args.celery))}")
     return 0
 
 

@@ -90,6 +90,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -101,6 +102,7 @@ from typing import TYPE_CHECKING
 
 from tools.engine import venvs
 from tools.measure.e2e import looptrace, orphan, procfs, throughput
+from tools.measure.e2e.celery import Redis
 from tools.measure.e2e.judge import N_TASKS, Kill, judge
 from tools.measure.e2e.stack import AirflowStack, Postgres, StackConfig, StackError, tail
 from tools.measure.e2e.timeline import format_timeline, rows_from_api, summarize
@@ -237,8 +239,11 @@ def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str
     return env
 
 
-def stage_label(stage: int | None) -> str:
-    """How a stage is named in the comparison table: "stage 0", "stage 9", "full series"."""
+def stage_label(stage: int | None, executor: str = "overlay") -> str:
+    """How a stage is named in the comparison table: "stage 0", "stage 9", "full series"; with
+    ``--executor celery`` only task-sdk's supervisor changes: "unpatched", "fixed"."""
+    if executor == "celery":
+        return "fixed" if stage is None else "unpatched"
     return "full series" if stage is None else f"stage {stage}"
 
 
@@ -268,6 +273,8 @@ class Options:
     # --executor: "overlay" (the files above, in place of Airflow's) or "package" (the line's wheel of
     # tools.delivery.package pip-installed, chosen by [core] executor; Airflow's files stay the bases).
     executor: str = "overlay"
+    # --celery-reap-sigchld: each Celery pool child reaps its children from a SIGCHLD handler (#70117).
+    reap_sigchld: bool = False
 
 
 @dataclass
@@ -679,7 +686,11 @@ def _cpu_by_component(stack: AirflowStack) -> dict[str, float]:
     out: dict[str, float] = {}
     stats = procfs.all_stats()
     by_pid = {s.pid: s for s in stats}
-    for name, proc in stack.procs.items():
+    procs = dict(stack.procs)
+    workers = getattr(stack, "workers", None)  # --executor celery: the Celery workers, with their tasks
+    if workers is not None:
+        procs.update({p.name: p for p in workers.procs})
+    for name, proc in procs.items():
         if proc.popen is None or proc.pid not in by_pid:
             continue
         tree = procfs.tree_cpu_seconds(proc.pid, stats)
@@ -706,6 +717,85 @@ def _wchan_or_gone(pid: int) -> str:
         return "gone"
 
 
+# --executor celery: how long after the run the driver waits for every supervisor whose task ended
+# to return ("Workload finished"), in multiples of [workers] min_heartbeat_interval (one stall each).
+LINGER_GRACE_INTERVALS = 2.0
+
+
+def celery_at_ready(run: Run) -> None:
+    """Record what the Celery worker and its prefork pool children do with SIGCHLD (#70117's cause)."""
+    from tools.measure.e2e.celery import CeleryStack, sigchld_report
+
+    stack = run.stack
+    assert isinstance(stack, CeleryStack)
+    report = {p.name: sigchld_report(p.pid) for p in stack.workers.procs}
+    run.extra["sigchld_at_ready"] = report
+    run.say(
+        "  SIGCHLD in the celery worker: "
+        + "; ".join(
+            f"{name}: main {r.get('main')}, pool children {r.get('pool_children')}"
+            for name, r in report.items()
+        )
+        + (
+            " (+ --celery-reap-sigchld: installed in each pool child as it starts)"
+            if stack.reap_sigchld
+            else ""
+        )
+    )
+
+
+def celery_at_end(run: Run) -> list[str]:
+    """Supervisors still running after their task ended (#70117: lingering), the SIGCHLD state, how
+    often the hook reaped and how often the fixed supervisor saw a process reaped elsewhere."""
+    from tools.measure.e2e import celery
+
+    stack = run.stack
+    assert isinstance(stack, celery.CeleryStack)
+    log = stack.worker_log(1)
+    tis = _safe(partial(run.api.task_instances, run.dag.dag_id, run.run_id))
+    ended = [str(d["id"]) for d in tis if d.get("end_date") and d.get("id")]
+    interval = run.opts.min_heartbeat_interval or throughput.DEFAULT_MIN_HEARTBEAT_INTERVAL
+    grace = LINGER_GRACE_INTERVALS * interval + 3.0
+    give_up = time.monotonic() + grace
+    left = celery.lingering(ended, log)
+    while left and time.monotonic() < give_up:
+        time.sleep(0.5)
+        left = celery.lingering(ended, log)
+    run.extra["sigchld_at_end"] = {p.name: celery.sigchld_report(p.pid) for p in stack.workers.procs}
+    ends = celery.outcomes(log)
+    reaped = celery.count_reaped(stack.reap_log)
+    # A supervisor without "Workload finished" either raised (the Celery task says so) or still runs.
+    running = max(0, len(left) - ends["celery_raised"])
+    run.extra["celery"] = {
+        "ended": len(ended),
+        "still_running": running,
+        "not_returned": len(left),
+        "not_returned_ids": left[:20],
+        "reaped_by_hook": reaped,
+        "reap_sigchld": stack.reap_sigchld,
+        **ends,
+    }
+    summary = (
+        f"celery: {len(ended)} tasks ended; {grace:g} s later {len(ended) - len(left)} supervisors had "
+        f"returned, {running} still ran; celery tasks {ends['celery_succeeded']} succeeded, "
+        f"{ends['celery_raised']} raised; "
+        f"success-overtime kills {ends['success_overtime_kills']}; SIGCHLD hook reaped {reaped}; "
+        f"'reaped elsewhere' warnings {ends['reaped_elsewhere_warnings']}"
+    )
+    run.extra["celery_summary"] = summary
+    run.event(summary)
+    out = []
+    if running:
+        out.append(f"{running} supervisor(s) still running {grace:g} s after their task ended (cf. #70117)")
+    if ends["celery_raised"]:
+        out.append(
+            f"{ends['celery_raised']} Celery task(s) raised ({ends['success_overtime_kills']} after the "
+            f"success overtime, {ends['reaped_elsewhere_warnings']} 'reaped elsewhere'; tracebacks in "
+            "the worker's log)"
+        )
+    return out
+
+
 DURING: dict[str, Callable[[Run], None]] = {
     "kill-running": kill_running,
     "kill-queued": kill_queued,
@@ -720,8 +810,15 @@ BEFORE: dict[str, Callable[[Run], None]] = {"kill-idle-reader": kill_idle_reader
 
 class ScenarioRunner:
     def __init__(
-        self, opts: Options, venv_path: Path, workdir: Path, pg: Postgres | None, say: Callable[[str], None]
+        self,
+        opts: Options,
+        venv_path: Path,
+        workdir: Path,
+        pg: Postgres | None,
+        say: Callable[[str], None],
+        broker_url: str | None = None,
     ):
+        self.broker_url = broker_url  # --executor celery: the session's Redis
         self.opts = opts
         self.venv_path = venv_path
         self.workdir = workdir
@@ -753,7 +850,14 @@ class ScenarioRunner:
         if name == "queued-timeout":
             cfg.task_seconds = QT_TASK_SECONDS
             cfg.task_queued_timeout = QT_QUEUED_TIMEOUT
-        stack = AirflowStack(cfg, self.say)
+        stack: AirflowStack
+        if self.opts.executor == "celery":
+            from tools.measure.e2e.celery import CeleryStack
+
+            assert self.broker_url is not None
+            stack = CeleryStack(cfg, self.say, self.broker_url, reap_sigchld=self.opts.reap_sigchld)
+        else:
+            stack = AirflowStack(cfg, self.say)
         api = RestApi(stack.api)
         run = Run(name, stack, api, self.opts, self.say, dag=dag, deadline=deadline, marks=marks)
         if name == "throughput":
@@ -783,6 +887,8 @@ class ScenarioRunner:
                 f"(db migrate {timings['migrate_s']:.1f} s), "
                 f"api {stack.api}, scheduler pid {stack.scheduler_pid}"
             )
+            if self.opts.executor == "celery":
+                celery_at_ready(run)
             if name in BEFORE:
                 BEFORE[name](run)
                 time.sleep(1.0)  # let the scheduler's next sync see the dead worker
@@ -843,15 +949,21 @@ class ScenarioRunner:
             failures.append(str(e))
         finally:
             run.done.set()
-            if name == "throughput":
-                run.extra["cpu_s"] = _cpu_by_component(stack)
-                run.event("cpu: " + ", ".join(f"{k} {v:.1f} s" for k, v in run.extra["cpu_s"].items()))
-            if trace is not None and run.watcher.t0 is not None:
-                end = run.watcher.t0 + watch.elapsed if watch and watch.final else time.monotonic()
-                if loops := looptrace.summarise(trace, run.watcher.t0, end):
-                    run.extra["loops"] = loops.as_json()
-                    run.event(loops.text())
-            stop_info = stack.stop()
+            try:
+                # a Ctrl-C goes straight to the stop, without waiting for the supervisors
+                if self.opts.executor == "celery" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+                    failures += celery_at_end(run)
+                if name == "throughput":
+                    run.extra["cpu_s"] = _cpu_by_component(stack)
+                    run.event("cpu: " + ", ".join(f"{k} {v:.1f} s" for k, v in run.extra["cpu_s"].items()))
+                if trace is not None and run.watcher.t0 is not None:
+                    end = run.watcher.t0 + watch.elapsed if watch and watch.final else time.monotonic()
+                    if loops := looptrace.summarise(trace, run.watcher.t0, end):
+                        run.extra["loops"] = loops.as_json()
+                        run.event(loops.text())
+            finally:
+                # also on a Ctrl-C while the figures above are read: nothing of the stack stays up
+                stop_info = stack.stop()
             if name == "queued-timeout":
                 requeued, failed = stuck_in_queued(home / "logs" / "scheduler.log")
                 run.extra["stuck_in_queued"] = {"requeued": requeued, "failed": failed}
@@ -864,7 +976,12 @@ class ScenarioRunner:
             fig = throughput.figures(
                 throughput_tis,
                 throughput_run,
-                scheduler_log=home / "logs" / "scheduler.log",
+                # where task-sdk's supervisor logs "Workload finished": the executor's worker process
+                scheduler_log=(
+                    home / "logs" / "celery-worker-1.log"
+                    if self.opts.executor == "celery"
+                    else home / "logs" / "scheduler.log"
+                ),
                 min_heartbeat_interval=self.opts.min_heartbeat_interval,
             )
             run.extra["throughput"] = fig.as_json()
@@ -986,12 +1103,13 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
             f"warning: SQLite at parallelism {opts.parallelism}: "
             "the scheduler may die with 'database is locked'"
         )
-    venv = AirflowVenv(opts.line, opts.out, say)
+    venv = AirflowVenv(opts.line, opts.out, say, celery=opts.executor == "celery")
     venv.ensure()
     site = venvs.purelib(venv.python) if opts.trace_loops else None
     stages = opts.compare or [opts.stage]
     reports: list[Json] = []
     pg: Postgres | None = None
+    redis: Redis | None = None
     t_session = time.monotonic()
     try:
         if site is not None:
@@ -1000,14 +1118,25 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
             pg = Postgres(say)
             pg.start()
             say(f"postgres {pg.bindir.parent.name} on 127.0.0.1:{pg.port}, data in {pg.root}")
+        if opts.executor == "celery":
+            redis = Redis(say)
+            redis.start()
+            say(f"redis-server ({redis.binary}) on 127.0.0.1:{redis.port}, config {redis.config}")
         for n in range(opts.rounds if opts.compare else 1):
             for stage in stages:
-                sub = workdir if len(stages) == 1 else workdir / stage_label(stage).replace(" ", "-")
+                label = stage_label(stage, opts.executor)
+                sub = workdir if len(stages) == 1 else workdir / label.replace(" ", "-")
                 if opts.rounds > 1:
                     sub = sub.with_name(f"{sub.name}-round{n + 1}")
-                    say(f"\n#### round {n + 1} of {opts.rounds}: {stage_label(stage)}")
-                reports.append(_stage_session(replace(opts, stage=stage), venv, sub, stamp, pg, say))
+                    say(f"\n#### round {n + 1} of {opts.rounds}: {label}")
+                reports.append(
+                    _stage_session(
+                        replace(opts, stage=stage), venv, sub, stamp, pg, say, redis.url if redis else None
+                    )
+                )
     finally:
+        if redis is not None:
+            redis.stop()
         if pg is not None:
             pg.stop()
         if site is not None:
@@ -1019,7 +1148,7 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
         path = workdir / "compare.json"
         tables = compare_tables(opts, reports)
         combined = {
-            "compare_stages": [stage_label(s) for s in stages],
+            "compare_stages": [stage_label(s, opts.executor) for s in stages],
             "rounds": opts.rounds,
             "airflow_env": opts.airflow_env,
             "started": stamp,
@@ -1043,6 +1172,7 @@ def _stage_session(
     stamp: str,
     pg: Postgres | None,
     say: Callable[[str], None],
+    broker_url: str | None = None,
 ) -> Json:
     """The selected scenarios with ``opts.stage``'s executor installed; returns that stage's report."""
     from tools.measure.e2e.venv import resolve_source
@@ -1051,6 +1181,9 @@ def _stage_session(
     if opts.executor == "package":
         source = venv.install_package(opts.out / "dist")
         how = "uv pip install (Airflow's files checked: the pinned bases)"
+    elif opts.executor == "celery":
+        source = venv.install_supervisor(fixed=opts.stage is None)
+        how = source.origin if opts.stage is None else "pinned bases (restored)"
     else:
         source = resolve_source(opts.line, opts.stage, opts.supervisor)
         how = venv.install_executor(source)
@@ -1060,7 +1193,7 @@ def _stage_session(
         + "".join(f"; {name}={value}" for name, value in opts.airflow_env.items())
     )
     t_session = time.monotonic()
-    runner = ScenarioRunner(opts, venv.path, workdir, pg, say)
+    runner = ScenarioRunner(opts, venv.path, workdir, pg, say, broker_url)
     try:
         results = [runner.run(name) for name in opts.scenarios]
     finally:
@@ -1121,7 +1254,7 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
             ]
             rows.append(
                 throughput.StageRow(
-                    stage_label(stage),
+                    stage_label(stage, opts.executor),
                     len(ok) == len(runs),
                     (figs[0] if len(figs) == 1 else throughput.median_of(figs)) if figs else None,
                     tuple(f.wall_s for f in figs),
@@ -1131,7 +1264,7 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
             )
             traced.append(
                 (
-                    stage_label(stage),
+                    stage_label(stage, opts.executor),
                     [
                         (
                             looptrace.LoopTrace(**sc["extra"]["loops"]),
@@ -1148,7 +1281,9 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
             n = len(reports) // max(len(stages), 1)
             title = (
                 f"{name}: {opts.tasks} no-op tasks at parallelism {opts.parallelism}, "
-                f"{opts.line.label}, {opts.db}; ratios to {rows[0].label}"
+                f"{opts.line.label}, {opts.db}"
+                + (", CeleryExecutor, task-sdk's supervisor" if opts.executor == "celery" else "")
+                + f"; ratios to {rows[0].label}"
                 + (f"; medians of {n} rounds" if n > 1 else "")
             )
             out[name] = throughput.compare(rows, title)
@@ -1174,7 +1309,7 @@ def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) 
             f"{ready:>7}{run_t:>10}  {detail}"
         )
     for r in results:
-        for key in ("sigterm_summary", "orphan_summary", "throughput_summary"):
+        for key in ("sigterm_summary", "orphan_summary", "throughput_summary", "celery_summary"):
             if r.extra.get(key):
                 lines.append(f"{r.name}: {r.extra[key]}")
     return "\n".join(lines)

@@ -93,8 +93,14 @@ def oldest_python(wheel: Path) -> str:
     return found.group(1) if found else "3.10"
 
 
-def constraints_path(line: pins.Line, layout: Layout = DEFAULT) -> Path:
-    return layout.constraints / f"e2e-{line.name}.txt"
+def constraints_path(line: pins.Line, layout: Layout = DEFAULT, celery: bool = False) -> Path:
+    """``constraints/e2e-<line>.txt``; with ``celery``, ``e2e-celery-<line>.txt`` (the CeleryExecutor's)."""
+    return layout.constraints / (f"e2e-celery-{line.name}.txt" if celery else f"e2e-{line.name}.txt")
+
+
+def extras(celery: bool = False) -> str:
+    """The extras of ``apache-airflow`` an e2e environment installs (``celery``: the provider too)."""
+    return "postgres,celery" if celery else "postgres"
 
 
 def lock_line(
@@ -102,15 +108,20 @@ def lock_line(
     layout: Layout = DEFAULT,
     simple: SimplePage = pypi_simple,
     compile_: Callable[..., str] = venvs.run_uv,
+    celery: bool = False,
 ) -> Path:
-    """Write ``constraints/e2e-<line>.txt``: Airflow and every dependency as of the release."""
+    """Write ``constraints/e2e-<line>.txt``: Airflow and every dependency as of the release.
+
+    With ``celery``, ``constraints/e2e-celery-<line>.txt``: the same with ``apache-airflow[celery]``,
+    so ``apache-airflow-providers-celery`` (and celery, kombu, billiard, redis) are the releases
+    that were current on the line's release day, resolved together with it."""
     cutoff = release_cutoff(line, simple)
     stamp = cutoff.strftime("%Y-%m-%dT%H:%M:%SZ")
     python = oldest_python(fetch.ensure_wheel(line, layout))
     with tempfile.TemporaryDirectory(prefix="lepatch-e2e-lock-") as tmp:
         requirements = Path(tmp) / "e2e.in"
         requirements.write_text(
-            f"apache-airflow[postgres]=={line.version}\n{pins.DISTRIBUTION}=={line.version}\n"
+            f"apache-airflow[{extras(celery)}]=={line.version}\n{pins.DISTRIBUTION}=={line.version}\n"
         )
         text = compile_(
             "pip",
@@ -123,12 +134,17 @@ def lock_line(
             "--exclude-newer",
             stamp,
             "--custom-compile-command",
-            f"python -m tools e2e-lock --line {line.name}",
+            f"python -m tools e2e-lock --line {line.name}" + (" --celery" if celery else ""),
         )
     if not re.search(rf"^apache-airflow=={re.escape(line.version)}\s*$", text, re.M):
         raise ToolError(f"uv pip compile for the {line.name} line did not pin apache-airflow=={line.version}")
-    target = constraints_path(line, layout)
+    if celery and not re.search(r"^apache-airflow-providers-celery==", text, re.M):
+        raise ToolError(
+            f"uv pip compile for the {line.name} line did not pin apache-airflow-providers-celery"
+        )
+    target = constraints_path(line, layout, celery)
     target.parent.mkdir(parents=True, exist_ok=True)
-    head = f"# The e2e environment of {line.label}, as of {stamp} (its release on PyPI + {MARGIN}).\n"
+    what = " with CeleryExecutor" if celery else ""
+    head = f"# The e2e environment of {line.label}{what}, as of {stamp} (its release on PyPI + {MARGIN}).\n"
     target.write_text(head + text)
     return target

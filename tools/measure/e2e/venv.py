@@ -119,9 +119,13 @@ def resolve_source(line: pins.Line, stage: int | None, supervisor: int | str | N
 
 
 class AirflowVenv:
-    def __init__(self, line: pins.Line, root: Path, say: Callable[[str], None]):
+    """``build/e2e/venv-<line>``; with ``celery``, ``venv-celery-<line>``: ``apache-airflow[celery]``
+    (the provider, celery, billiard, redis) pinned by ``constraints/e2e-celery-<line>.txt``."""
+
+    def __init__(self, line: pins.Line, root: Path, say: Callable[[str], None], celery: bool = False):
         self.line = line
-        self.path = root / f"venv-{line.name}"
+        self.celery = celery
+        self.path = root / (f"venv-celery-{line.name}" if celery else f"venv-{line.name}")
         self.say = say
 
     @property
@@ -143,9 +147,19 @@ class AirflowVenv:
         # why: the line's test lock floats to today's dependencies, which an older Airflow may not
         # start with; the e2e lock (python -m tools e2e-lock) is the release day's environment.
         constraints = LAYOUT.constraints / f"e2e-{self.line.name}.txt"
+        extras = "postgres"
+        if self.celery:
+            # why: the provider must be a release that resolves with the line; the lock pins one.
+            constraints = LAYOUT.constraints / f"e2e-celery-{self.line.name}.txt"
+            extras = "postgres,celery"
+            if not constraints.is_file():
+                raise ToolError(
+                    f"{LAYOUT.rel(constraints)} is missing: run `python -m tools e2e-lock --celery "
+                    f"--line {self.line.name}` first"
+                )
         if not constraints.is_file():
             constraints = LAYOUT.constraints / f"{self.line.name}.txt"
-        packages = [f"apache-airflow[postgres]=={self.line.version}"]
+        packages = [f"apache-airflow[{extras}]=={self.line.version}"]
         want = {
             "line": self.line.name,
             "version": self.line.version,
@@ -159,7 +173,7 @@ class AirflowVenv:
         if self.path.exists():
             shutil.rmtree(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.say(f"creating {LAYOUT.rel(self.path)}: apache-airflow[postgres]=={self.line.version} (uv)")
+        self.say(f"creating {LAYOUT.rel(self.path)}: {packages[0]} (uv)")
         venvs.run_uv("venv", "--quiet", "-p", base_python(), str(self.path))
         pin = ["-c", str(constraints)] if constraints.is_file() else []
         venvs.run_uv(
@@ -202,6 +216,41 @@ class AirflowVenv:
                     f"expected {sha256(data)[:12]} ({source.label})"
                 )
         return how
+
+    def install_supervisor(self, fixed: bool) -> ExecutorSource:
+        """The pinned bases; with ``fixed``, task-sdk's patched ``supervisor.py`` alone on top, installed
+        as an operator does on a Celery worker's host (``overlay install --only supervisor``)."""
+        bases = self._back_to_base()
+        path = pins.SUPERVISOR.package_path
+        if not fixed:
+            return ExecutorSource(
+                f"task-sdk unpatched (base {self.line.version})",
+                0,
+                bases[path],
+                "pinned wheel",
+                {path: bases[path]},
+            )
+        said = io.StringIO()
+        try:
+            OverlayInstaller(self.python, out=said, only=pins.SUPERVISOR).install()
+        except OverlayError as e:
+            raise ToolError(
+                f"overlay install --only supervisor into {LAYOUT.rel(self.path)} failed: {e}"
+            ) from e
+        finally:
+            for ln in said.getvalue().splitlines():
+                self.say(f"  {ln}")
+        want = LAYOUT.overlay_files(self.line.name)[path]
+        got = (venvs.purelib(self.python) / path).read_bytes()
+        if sha256(got) != sha256(want):
+            raise ToolError(f"{path}: sha256 {sha256(got)[:12]} after install, expected {sha256(want)[:12]}")
+        return ExecutorSource(
+            f"supervisor fix (overlay --only supervisor, {LAYOUT.rel(LAYOUT.overlay / self.line.name)})",
+            None,
+            want,
+            "tools.delivery.overlay_install --only supervisor",
+            {path: want},
+        )
 
     def package_installed(self) -> str | None:
         """The version of the series' wheel installed in the venv, if any."""
