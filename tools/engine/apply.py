@@ -553,11 +553,6 @@ class Engine:
         scope = [self.layout.overlay / name / "airflow" for name in results]
         # why a glob: a task-sdk release dropped from the pins leaves a directory to remove
         scope += [d for name in results for d in sorted((self.layout.overlay / name).glob("task-sdk-*"))]
-        scope += [
-            self.layout.overlay / name / sdk_release_dir(pin.version)
-            for name, res in results.items()
-            for pin in res.line.sdk_release_pins
-        ]
         return [*scope, *(self.layout.root / f.tests_dir for f in pins.UPSTREAM_FILES)]
 
     def _existing(self, scope: list[Path]) -> set[str]:

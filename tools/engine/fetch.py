@@ -225,7 +225,8 @@ def check_pins(layout: Layout = DEFAULT, out: object = None) -> bool:
             for version in [pin.version, *sorted(pin.covers)]:
                 what = f"{pin.file.distribution} {version}"
                 try:
-                    src = read_source(ensure_pin(pin, version, layout), pin.file.package_path)
+                    wheel = ensure_pin(pin, version, layout)
+                    src = read_source(wheel, pin.file.package_path)
                 except ToolError as exc:
                     rows.append((line.name, what, pin.file.name, "REFUSED", "-", str(exc).splitlines()[0]))
                     ok = False
@@ -238,7 +239,7 @@ def check_pins(layout: Layout = DEFAULT, out: object = None) -> bool:
                 )
                 if pin.file is pins.EXECUTOR:
                     # why: the overlay picks the supervisor by the task-sdk a core release requires
-                    needs = required_sdk(ensure_pin(pin, version, layout))
+                    needs = required_sdk(wheel)
                     agrees = needs == line.core_sdk.get(version)
                     ok &= agrees
                     verdict = "requires " + (needs or "?") + ("" if agrees else " (pins.core_sdk DIFFERS)")
