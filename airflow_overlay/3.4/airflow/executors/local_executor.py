@@ -371,9 +371,10 @@ class _HeldOff:
             raise error
 
 
-def _priority_weight(workload: object) -> int:
-    """A task's ``priority_weight``; 0 for what has none (callbacks, connection tests)."""
-    return getattr(getattr(workload, "ti", None), "priority_weight", None) or 0
+def _priority_weight(workload: object) -> float:
+    """A task's ``priority_weight``; above every task for callbacks and connection tests, as BaseExecutor."""
+    ti = getattr(workload, "ti", None)
+    return (ti.priority_weight or 0) if ti is not None else float("inf")
 
 
 def _worker_process() -> type[multiprocessing.Process]:
