@@ -50,6 +50,19 @@ class _Proc:
         return True
 
 
+@pytest.fixture(autouse=True)
+def _stand_ins_say_whether_they_run(monkeypatch):
+    """waitid() knows nothing of a stand-in, which is no child of this process: the stand-in says."""
+    from airflow.executors import local_executor
+
+    if (exited := getattr(local_executor, "_exited", None)) is not None:
+
+        def stand_in_exited(proc) -> bool:
+            return not proc.is_alive() if isinstance(proc, _Proc) else exited(proc)
+
+        monkeypatch.setattr(local_executor, "_exited", stand_in_exited)
+
+
 def _executor(parallelism: int, busy: dict[int, object] | None = None, idle=(), fork: bool = True):
     """An executor with stand-in workers: ``busy`` maps a pid to the key it runs, ``idle`` lists pids."""
     from airflow.executors.local_executor import LocalExecutor

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,11 @@ NO_THREAD_PATCH = "0018-keep-localexecutor-workers-busy-without-a-thread.patch"
 ROOM_PATCH = "0010-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 # Starts closer than this are the same scheduler loop's (the low tasks run 0.3 s each).
 SAME_TIME = 0.1
+
+
+def _release() -> tuple[int, ...]:
+    """The installed apache-airflow-core release, without importing Airflow into pytest's process."""
+    return tuple(int(part) for part in version("apache-airflow-core").split(".")[:2])
 
 
 def _starts(started_dir: str) -> dict[str, float]:
@@ -159,3 +165,43 @@ def held_workloads_in_priority_order() -> dict:
 def test_workloads_the_executor_holds_start_highest_priority_first(start_method):
     outcome = run_scenario(held_workloads_in_priority_order, start_method=start_method, deadline=90)
     assert outcome == {"order": ["long", "high", "low"], "states": ["success"]}
+
+
+def a_callback_held_behind_tasks() -> dict:
+    from test_other_workloads import _callback
+
+    executor = new_executor(1, prefetch_fraction=0.0)
+    started_dir = tempfile.mkdtemp()
+    gate = Path(tempfile.mkdtemp(), "go")
+    names = {
+        "long": make_workload("long", fake={"started_dir": started_dir, "wait_for": str(gate)}),
+        "high": make_workload("high", priority_weight=100),
+        "callback": _callback("lepatch.callbacks.notify", {}),
+    }
+    key = executor.get_workload_key if hasattr(executor, "get_workload_key") else (lambda w: w.key)
+    keys = {key(w): name for name, w in names.items()}
+    # Held by the executor while its only worker runs the long one: the task, then the callback.
+    for name, workload in names.items():
+        executor.queue_workload(workload, session=None)
+        executor._process_workloads([workload])
+        if name == "long":
+            assert wait_until(lambda: os.listdir(started_dir), timeout=30), "long never started"
+    gate.touch()
+    ended: list[str] = []  # one worker: the order they end in is the order they started in
+    give_up = time.monotonic() + 30
+    while len(ended) < len(keys) and time.monotonic() < give_up:
+        executor.sync()
+        ended += [name for key, name in keys.items() if key in executor.event_buffer and name not in ended]
+        time.sleep(0.01)
+    executor.end()
+    return {"order": ended}
+
+
+# Before 3.3 nothing but tasks reaches an executor: no order to keep.
+if _release()[:2] >= (3, 3):
+
+    @pytest.mark.fixed_by(NO_THREAD_PATCH)
+    def test_callbacks_start_before_every_task_the_executor_holds(start_method):
+        # BaseExecutor hands callbacks over before any task; the executor's own order keeps that.
+        outcome = run_scenario(a_callback_held_behind_tasks, start_method=start_method, deadline=90)
+        assert outcome == {"order": ["long", "callback", "high"]}

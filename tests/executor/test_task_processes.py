@@ -190,3 +190,38 @@ def test_no_task_process_is_left_after_the_executor_stops(start_method, how):
         stop_executor_with_task_processes, start_method=start_method, deadline=120, how=how
     )
     assert outcome == {"alive_after_return": [], "marks_after_return": 0}
+
+
+def worker_reaped_by_someone_else() -> dict:
+    """A busy worker dies and something other than the executor reaps it, then more work comes."""
+    executor = new_executor(1)
+    started_dir = tempfile.mkdtemp()
+    gate = Path(tempfile.mkdtemp(), "go")
+    held = make_workload("held", fake={"started_dir": started_dir, "wait_for": str(gate)})
+    dispatch(executor, [held])
+
+    def started() -> bool:
+        executor.sync()
+        return bool(os.listdir(started_dir))
+
+    assert wait_until(started, timeout=60), "the workload never started"
+    (worker,) = (int(name.rsplit(".", 1)[1]) for name in os.listdir(started_dir))
+    os.kill(worker, signal.SIGKILL)
+    # A library's waitpid(-1), or SIGCHLD set to SIG_IGN: the executor can learn no exit status.
+    os.waitpid(worker, 0)
+    states = wait_for_states(executor, [key_of(held)], timeout=20)
+    if states["held"] == "missing":
+        # Taken for alive: end() would wait for it for ever.
+        return {"states": states, "forgotten": worker not in executor.workers}
+    after = make_workload("after")
+    dispatch(executor, [after])
+    states.update(wait_for_states(executor, [key_of(after)], timeout=30))
+    executor.end()
+    return {"states": states, "forgotten": worker not in executor.workers}
+
+
+@pytest.mark.fixed_by(KILL_TASKS_PATCH)
+def test_a_worker_reaped_by_someone_else_is_seen_dead(start_method):
+    # It was taken for alive for ever: its key never failed, its slot never freed, and end() never returned.
+    outcome = run_scenario(worker_reaped_by_someone_else, start_method=start_method, deadline=90)
+    assert outcome == {"states": {"held": "failed", "after": "success"}, "forgotten": True}

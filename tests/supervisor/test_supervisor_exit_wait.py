@@ -32,11 +32,13 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import structlog
 
-from airflow.sdk.execution_time.supervisor import WatchedSubprocess
+from airflow.sdk.api.datamodels._generated import TaskInstanceState
+from airflow.sdk.execution_time.supervisor import ActivitySubprocess, WatchedSubprocess
 
 EXIT_WAIT_PATCH = "0015-wait-for-the-task-process-once-its-sockets-are-closed.patch"
 
@@ -99,6 +101,35 @@ def test_process_reaped_elsewhere_ends_supervision():
     os.waitpid(proc.pid, 0)
     _supervise(proc, 1.0, time.monotonic() + 5)
     assert proc._exit_code == -1
+
+
+class _SilentTask(ActivitySubprocess):
+    """A supervised task process that sends no request (the test records what it reported)."""
+
+    def _handle_request(self, msg, log, req_id):
+        raise AssertionError(f"unexpected request {msg!r}")
+
+
+@pytest.mark.fixed_by(EXIT_WAIT_PATCH)
+@pytest.mark.timeout(30)
+def test_task_reaped_elsewhere_keeps_the_state_it_reported():
+    client = mock.Mock()
+    # ActivitySubprocess.start() would send the process a task to run; the plain fork is enough here.
+    proc = WatchedSubprocess.start.__func__(
+        _SilentTask,
+        target=_close_sockets_then(0.1),
+        logger=structlog.get_logger(),
+        id=uuid.uuid4(),
+        client=client,
+    )
+    # What a SucceedTask request leaves once its API call went through; the task runner then exits 0.
+    proc._terminal_state = TaskInstanceState.SUCCESS
+    os.waitpid(proc.pid, 0)  # a Celery worker's SIGCHLD handler, apache/airflow#70117
+    _supervise(proc, 1.0, time.monotonic() + 5)
+    assert proc.final_state == TaskInstanceState.SUCCESS
+    # A task failed now would be sent to finish(), which the API server refuses for a succeeded one.
+    proc.update_task_state_if_needed()
+    client.task_instances.finish.assert_not_called()
 
 
 @pytest.mark.timeout(30)

@@ -148,8 +148,10 @@ def _exited(proc: multiprocessing.Process) -> bool:
         return not proc.is_alive()
     try:
         return os.waitid(os.P_PID, cast("int", proc.pid), os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # reaped already, not by the executor; _kill_left_behind() says so
-        return not proc.is_alive()
+    except ChildProcessError:
+        # Reaped already, not by the executor (_kill_left_behind() says so): it has exited. is_alive()
+        # would say it runs, for ever: its waitpid() fails the same way, which multiprocessing reads as alive.
+        return True
 
 
 def _wait_exited(proc: multiprocessing.Process, timeout: float | None = None) -> bool:
@@ -369,9 +371,10 @@ class _HeldOff:
             raise error
 
 
-def _priority_weight(workload: object) -> int:
-    """A task's ``priority_weight``; 0 for what has none (callbacks, connection tests)."""
-    return getattr(getattr(workload, "ti", None), "priority_weight", None) or 0
+def _priority_weight(workload: object) -> float:
+    """A task's ``priority_weight``; above every task for callbacks and connection tests, as BaseExecutor."""
+    ti = getattr(workload, "ti", None)
+    return (ti.priority_weight or 0) if ti is not None else float("inf")
 
 
 def _worker_process() -> type[multiprocessing.Process]:
@@ -867,7 +870,8 @@ class LocalExecutor(BaseExecutor):
         del self.workers[pid]
         self._sent_at.pop(pid, None)
         proc.join()
-        proc.close()
+        if proc.exitcode is not None:  # None: reaped elsewhere, and close() would take it for running
+            proc.close()
         self._fail_lost_workload(pid)
 
     #: How many times a task workload whose worker died before starting it goes to another worker before

@@ -841,10 +841,13 @@ class WatchedSubprocess:
             self._process_exit_monotonic = time.monotonic()
 
             if self._exit_code is None:
-                # Reaped by someone else: psutil returns None (and caches it), the status is lost.
-                # The process is gone all the same; waiting on for an exit code would never end.
+                # Reaped by someone else: psutil returns None (and caches it), the status is lost, and
+                # waiting on for one would never end. A task that reported its end through the API exits
+                # 0 after it, so the state it reported stands; without one, the exit is unknown (-1, as
+                # kill() records a process that is gone) and counts as a failure.
+                reported = getattr(self, "_terminal_state", None) is not None
                 log.warning("Process was reaped elsewhere; its exit status is unknown", pid=self.pid)
-                self._exit_code = -1
+                self._exit_code = 0 if reported else -1
                 return self._exit_code
 
             if expect_signal is not None and self._exit_code == -expect_signal:
