@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 from pathlib import Path
 from types import FrameType
 
 from tools.delivery import package
+from tools.engine import releases
 from tools.measure.e2e import driver
 from tools.measure.e2e.driver import (
     DEFAULT_SCENARIOS,
@@ -216,27 +216,18 @@ def options_from(args: argparse.Namespace) -> Options:
     )
 
 
-def _release_key(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version))
-
-
-def covered(line: pins.Line) -> list[str]:
-    """The apache-airflow-core releases ``line`` covers, its pinned version among them, oldest first."""
-    return sorted({line.version, *line.covers}, key=_release_key)
-
-
 def _either(items: list[str]) -> str:
     return " or ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
 
 
 def check_core(line: pins.Line, core: str) -> None:
     """``--core``: one line naming the line and the releases it covers, unless ``core`` is one."""
-    if core not in covered(line):
-        other = next((ln for ln in pins.LINES if core in covered(ln)), None)
+    if core not in releases.verified_versions(line):
+        other = next((ln for ln in pins.LINES if core in releases.verified_versions(ln)), None)
         hint = f"; {core} is line {other.name}'s: add --line {other.name}" if other else ""
         raise ToolError(
             f"--core {core}: not a release line {line.name} covers "
-            f"(apache-airflow-core {', '.join(covered(line))}){hint}"
+            f"(apache-airflow-core {', '.join(releases.verified_versions(line))}){hint}"
         )
 
 
@@ -256,7 +247,7 @@ def core_release(line: pins.Line, args: argparse.Namespace, compare: list[int | 
     if args.executor == "package":
         wheel = package.verified(line)
         if sdk not in wheel.task_sdk:
-            ok = [c for c in covered(line) if line.core_sdk.get(c) in wheel.task_sdk]
+            ok = [c for c in releases.verified_versions(line) if line.core_sdk.get(c) in wheel.task_sdk]
             raise ToolError(
                 f"--executor package --core {core}: the {line.name} wheel requires apache-airflow-task-sdk "
                 f"{'/'.join(wheel.task_sdk)} and apache-airflow-core {core} requires {sdk}, a pair pip "
