@@ -45,24 +45,17 @@ pytestmark = [
 ]
 
 
-def airflow_env(tmp: Path, line: pins.Line, core: str, sdk: str, *, no_deps_sdk: bool = False) -> Path:
-    """A venv with apache-airflow-core ``core`` and task-sdk ``sdk`` from their verified wheels."""
-    core_wheel = fetch.ensure_pin(line.pins[0], core)
-    sdk_pin = line.supervisor_pin(sdk) or next(
-        (p for ln in pins.LINES for p in (*ln.pins[1:], *ln.sdk_release_pins) if p.version == sdk), None
-    )
-    assert sdk_pin is not None, sdk
-    sdk_wheel = fetch.ensure_pin(sdk_pin, sdk)
-    venv = tmp / f"env-{core}"
-    python = venvs.interpreter_for(core_wheel)
-    venvs.run_uv("venv", "--quiet", "-p", python, str(venv))
-    py = venv / "bin" / "python"
+def airflow_env(tmp: Path, core: str, sdk: str, *, no_deps_sdk: bool = False) -> Path:
+    """A venv with apache-airflow-core ``core`` and task-sdk ``sdk`` from their verified wheels;
+    ``no_deps_sdk``: core with the task-sdk it requires, then ``sdk`` forced in over it."""
     # why unconstrained: the line's lock is its base's, and older releases need older pins; an operator's
     # `pip install apache-airflow-core==X` resolves the same way
-    first = [str(core_wheel)] if no_deps_sdk else [str(core_wheel), str(sdk_wheel)]
-    venvs.run_uv("pip", "install", "--quiet", "--python", str(py), *first, "pytest")
-    venvs.run_uv("pip", "install", "--quiet", "--python", str(py), "pytest-timeout")
+    py = venvs.ensure_release(
+        tmp / f"env-{core}", core, None if no_deps_sdk else sdk, packages=["pytest", "pytest-timeout"]
+    )
     if no_deps_sdk:  # a pair pip would refuse: forced, as a hand-edited environment has it
+        _, sdk_pin = venvs.release_pins(core, sdk)
+        sdk_wheel = fetch.ensure_pin(sdk_pin, sdk)
         venvs.run_uv("pip", "install", "--quiet", "--no-deps", "--python", str(py), str(sdk_wheel))
     return py
 
@@ -81,7 +74,7 @@ def supervisor_tests(py: Path, home: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(("line", "core"), RELEASES)
 def test_each_core_release_gets_its_own_supervisor_fix(tmp_path: Path, line: pins.Line, core: str) -> None:
     sdk = line.core_sdk[core]
-    py = airflow_env(tmp_path, line, core, sdk)
+    py = airflow_env(tmp_path, core, sdk)
     inst = oi.OverlayInstaller(py, out=io.StringIO())
     env = inst.inspect()
     executor, supervisor = (f.target for f in env.files)
@@ -130,8 +123,7 @@ def _follow(command: str, uv_dir: Path) -> None:
 
 def test_a_task_sdk_refusal_followed_as_written_ends_installed(tmp_path: Path) -> None:
     """core 3.3.2 beside another line's task-sdk (forced): both ways out the refusal names work."""
-    line = pins.get_line("3.3")
-    py = airflow_env(tmp_path, line, "3.3.2", "1.2.2", no_deps_sdk=True)
+    py = airflow_env(tmp_path, "3.3.2", "1.2.2", no_deps_sdk=True)
     inst = oi.OverlayInstaller(py, out=io.StringIO())
     with pytest.raises(oi.OverlayError) as exc:
         inst.install()

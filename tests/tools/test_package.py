@@ -20,7 +20,7 @@ from tools.__main__ import main
 from tools.delivery import package
 from tools.engine import fetch
 from tools.engine.series import read_patch, read_series_names
-from tools.shared import pins
+from tools.shared import pins, versions
 from tools.shared.layout import DEFAULT
 
 SERIES = len(read_series_names(DEFAULT.series_file))
@@ -125,8 +125,8 @@ def test_metadata_pins_the_verified_releases(wheels, name):
     assert meta["Version"] == package.package_version(line)
     assert not meta["Name"].startswith("apache-")
     requires = meta.get_all("Requires-Dist")
-    core = sorted({line.version, *line.covers}, key=package._release_key)
-    sdk = sorted({line.sdk_version, *line.sdk_covers}, key=package._release_key)
+    core = sorted({line.version, *line.covers}, key=versions.version_key)
+    sdk = sorted({line.sdk_version, *line.sdk_covers}, key=versions.version_key)
     want_core = f"=={core[0]}" if len(core) == 1 else f">={core[0]},<={core[-1]}"
     want_sdk = f"=={sdk[0]}" if len(sdk) == 1 else f">={sdk[0]},<={sdk[-1]}"
     assert requires == [f"apache-airflow-core{want_core}", f"apache-airflow-task-sdk{want_sdk}"]

@@ -13,7 +13,7 @@ import pytest
 
 from tools import __main__ as cli
 from tools.engine import fetch, releases
-from tools.shared import pins
+from tools.shared import pins, versions
 from tools.shared.errors import ToolError
 from tools.shared.layout import Layout
 from tools.shared.pins import Line
@@ -32,7 +32,7 @@ class FakeIndex:
         self.downloads: list[str] = []
 
     def versions(self) -> list[str]:
-        return sorted(self.wheels, key=releases.version_key, reverse=True)
+        return sorted(self.wheels, key=versions.version_key, reverse=True)
 
     def download(self, version: str, dest: Path) -> None:
         self.downloads.append(version)
@@ -119,11 +119,11 @@ def load_lines(path: Path) -> list[dict[str, object]]:
 
 def test_version_order_is_pep440_for_the_forms_on_the_index() -> None:
     ordered = ["3.0.0rc1", "3.0.0rc1.post4", "3.0.0", "3.4.0b1", "3.4.0b2", "3.4.0rc1", "3.4.0", "3.4.1"]
-    assert sorted(reversed(ordered), key=releases.version_key) == ordered
-    assert releases.is_prerelease("3.4.0b2") and not releases.is_prerelease("3.4.0")
+    assert sorted(reversed(ordered), key=versions.version_key) == ordered
+    assert versions.is_prerelease("3.4.0b2") and not versions.is_prerelease("3.4.0")
     assert releases.line_of("3.1.3") == "3.1"
     with pytest.raises(ToolError, match=r"3\.4\.dev0: not a release version"):
-        releases.version_key("3.4.dev0")
+        versions.version_key("3.4.dev0")
 
 
 def test_rendering_the_pinned_lines_reproduces_tools_pins_byte_for_byte() -> None:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tools.engine import apply, releases
-from tools.shared import pins
+from tools.shared import pins, versions
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT as LAYOUT
 
@@ -233,11 +233,11 @@ def unpinned_refusal(
     release named, the smallest upgrade that is served.
     """
     refusing = "refusing, nothing changed"
-    if not releases.is_release(version):
+    if not versions.is_release(version):
         return f"{pins.DISTRIBUTION} {version} is not a release any overlay is verified for; {refusing}"
     line = next((ln for ln in lines if ln.name == releases.line_of(version)), None)
     nearest = releases.nearest_verified(version, lines)
-    if line is not None and releases.version_key(version) > releases.version_key(line.version):
+    if line is not None and versions.version_key(version) > versions.version_key(line.version):
         if current_sha256 == line.source_sha256:
             return (
                 f"{pins.DISTRIBUTION} {version} ships the same local_executor.py as {line.version} "
@@ -251,7 +251,7 @@ def unpinned_refusal(
             f"stay on {line.version} until then; {refusing}"
         )
     if nearest is None:
-        newest = max((ln.version for ln in lines), key=releases.version_key)
+        newest = max((ln.version for ln in lines), key=versions.version_key)
         return (
             f"{pins.DISTRIBUTION} {version} is newer than every pinned line (newest: {newest}); "
             f"no overlay is verified for it; {refusing}"

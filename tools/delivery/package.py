@@ -52,6 +52,7 @@ from tools.engine import fetch, series
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
+from tools.shared.versions import FINAL_RANK, version_key
 
 DIST_NAME = "airflow-localexecutor-patched"  # no "apache-": this is not an ASF release
 WHEEL_DIST = DIST_NAME.replace("-", "_")  # the distribution as wheel and .dist-info names spell it
@@ -141,11 +142,7 @@ def wheel_name(line: pins.Line, layout: Layout = DEFAULT) -> str:
 
 
 def _versions(version: str, covers: Iterable[str]) -> tuple[str, ...]:
-    return tuple(sorted({version, *covers}, key=_release_key))
-
-
-def _release_key(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version))
+    return tuple(sorted({version, *covers}, key=version_key))
 
 
 def verified(line: pins.Line, layout: Layout = DEFAULT) -> Verified:
@@ -157,8 +154,8 @@ def requirement(distribution: str, versions: Sequence[str]) -> str:
     """A Requires-Dist that admits exactly ``versions`` (consecutive patch releases of one line)."""
     if len(versions) == 1:
         return f"{distribution}=={versions[0]}"
-    keys = [_release_key(v) for v in versions]
-    consecutive = all(len(k) == 3 for k in keys) and all(
+    keys = [version_key(v) for v in versions]
+    consecutive = all(k[3:] == (FINAL_RANK, 0, 0) for k in keys) and all(
         b[:2] == a[:2] and b[2] == a[2] + 1 for a, b in itertools.pairwise(keys)
     )
     if not consecutive:

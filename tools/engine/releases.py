@@ -33,31 +33,9 @@ from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
+from tools.shared.versions import is_prerelease, is_release, version_key
 
 PINS_FILE = Path(pins.__file__)
-
-# The release forms apache-airflow-core uses on PyPI: 3.1.8, 3.4.0b2, 3.3.1rc2, 3.0.0rc1.post4.
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?$")
-_PRE_RANK = {"a": 0, "b": 1, "rc": 2}
-_FINAL_RANK = 3
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """A sort key that orders releases as PEP 440 does for the forms above (3.4.0b2 < 3.4.0)."""
-    m = _VERSION.match(version)
-    if not m:
-        raise ToolError(f"{pins.DISTRIBUTION} {version}: not a release version this tool understands")
-    major, minor, micro, pre, pre_n, post = m.groups()
-    rank = _PRE_RANK[pre] if pre else _FINAL_RANK
-    return (int(major), int(minor), int(micro), rank, int(pre_n or 0), int(post or 0))
-
-
-def is_release(version: str) -> bool:
-    return _VERSION.match(version) is not None
-
-
-def is_prerelease(version: str) -> bool:
-    return version_key(version)[3] != _FINAL_RANK
 
 
 def line_of(version: str) -> str:

@@ -2,7 +2,9 @@
 
 ``ensure(line)`` makes (or reuses) ``build/venvs/<line>`` with ``uv`` from the cached,
 sha256-verified wheel and ``constraints/<line>.txt``; a stamp file records what it was
-made from, so a changed pin or lock rebuilds it. ``install_sources(python, sources)``
+made from, so a changed pin or lock rebuilds it. ``ensure_release(venv, core)`` does the same for
+any core release a line covers, with the task-sdk release it requires (the e2e venvs, the tests
+of each release). ``install_sources(python, sources)``
 swaps the venv's upstream files (``airflow/executors/local_executor.py``, task-sdk's
 ``airflow/sdk/execution_time/supervisor.py``) for the given bytes, which is how verify walks
 the stages and how the tests session installs the overlay.
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from tools.engine import fetch
@@ -68,7 +70,12 @@ def _file_digest(path: Path) -> str | None:
 
 
 def _make(
-    venv: Path, python: str, packages: Sequence[str], constraints: Path, stamp: Mapping[str, object]
+    venv: Path,
+    python: str,
+    packages: Sequence[str],
+    constraints: Path | None,
+    stamp: Mapping[str, object],
+    on_create: Callable[[], None] | None = None,
 ) -> Path:
     stamp_file = venv / "lepatch-stamp.json"
     py = _venv_python(venv)
@@ -80,9 +87,12 @@ def _make(
             pass
     if venv.exists():
         shutil.rmtree(venv)
+    if on_create is not None:
+        on_create()
     venv.parent.mkdir(parents=True, exist_ok=True)
     run_uv("venv", "--quiet", "-p", python, str(venv))
-    args = ["pip", "install", "--quiet", "--python", str(py), "-c", str(constraints), *packages]
+    pin = ["-c", str(constraints)] if constraints is not None else []
+    args = ["pip", "install", "--quiet", "--python", str(py), *pin, *packages]
     run_uv(*args, env={"UV_COMPILE_BYTECODE": "1"})
     stamp_file.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
     return py
@@ -177,6 +187,62 @@ def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None
         "packages": list(TEST_PACKAGES),
     }
     return _make(layout.build / "venvs" / name, python, [*wheels, *TEST_PACKAGES], constraints, stamp)
+
+
+def release_pins(core: str, sdk: str | None = None) -> tuple[pins.Pin, pins.Pin]:
+    """The verified pins of apache-airflow-core ``core`` and of task-sdk ``sdk`` (default: the release
+    ``core`` requires), whichever lines pin them; a one-line error for a release none pins."""
+    line = next((ln for ln in pins.LINES if core in (ln.version, *ln.covers)), None)
+    if line is None:
+        raise ToolError(f"apache-airflow-core {core} is not a release any line pins")
+    sdk = sdk or line.core_sdk.get(core)
+    sdk_pin = next(
+        (
+            p
+            for ln in pins.LINES
+            for p in (ln.pin(pins.SUPERVISOR), *ln.sdk_release_pins)
+            if p is not None and sdk in (p.version, *p.covers)
+        ),
+        None,
+    )
+    if sdk_pin is None:
+        raise ToolError(
+            f"apache-airflow-task-sdk {sdk} (for apache-airflow-core {core}) is not a pinned release"
+        )
+    return line.pins[0], sdk_pin
+
+
+def ensure_release(
+    venv: Path,
+    core: str,
+    sdk: str | None = None,
+    *,
+    packages: Sequence[str] = (),
+    constraints: Path | None = None,
+    python: str | None = None,
+    say: Callable[[str], None] | None = None,
+    layout: Layout = DEFAULT,
+) -> Path:
+    """Python of ``venv`` with apache-airflow-core ``core`` and task-sdk ``sdk`` (default: the release
+    ``core`` requires) from their verified wheels, and ``packages``, constrained by ``constraints``
+    (without: the resolution of an operator's ``pip install apache-airflow-core==X``); made once (a
+    stamp). The interpreter: ``python``, else one the core wheel admits."""
+    core_pin, sdk_pin = release_pins(core, sdk)
+    sdk = sdk or pins.get_line(core).core_sdk[core]
+    wheels = [fetch.ensure_pin(core_pin, core, layout), fetch.ensure_pin(sdk_pin, sdk, layout)]
+    python = python or interpreter_for(wheels[0])
+    stamp = {
+        "python": _python_identity(python),
+        "release": [core, sdk],
+        "wheel_sha256": [
+            p.wheel_sha256 if v == p.version else p.covers[v] for p, v in ((core_pin, core), (sdk_pin, sdk))
+        ],
+        "packages": list(packages),
+        "constraints_sha256": _file_digest(constraints) if constraints is not None else None,
+    }
+    what = ", ".join([f"apache-airflow-core {core}", f"apache-airflow-task-sdk {sdk}", *packages])
+    creating = None if say is None else (lambda: say(f"creating {layout.rel(venv)}: {what} (uv)"))
+    return _make(venv, python, [*map(str, wheels), *packages], constraints, stamp, creating)
 
 
 def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:

@@ -11,8 +11,9 @@ from the one recorded here is refused.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
+
+from tools.shared.versions import version_key
 
 DISTRIBUTION = "apache-airflow-core"
 # Where the executor lives inside the wheel, and where it lives in Airflow's git repository.
@@ -148,7 +149,7 @@ class Line:
         """Every task-sdk release the line's overlay has a verified supervisor for."""
         base = self.pin(SUPERVISOR)
         found = [*((base.version, *base.covers) if base else ()), *self.sdk_releases]
-        return sorted(found, key=lambda v: tuple(int(x) if x.isdigit() else -1 for x in re.split(r"\D+", v)))
+        return sorted(found, key=version_key)
 
 
 LINES: tuple[Line, ...] = (

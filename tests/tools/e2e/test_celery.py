@@ -85,7 +85,7 @@ def test_e2e_lock_celery_writes_its_own_file_with_the_provider(
     monkeypatch.setattr(fetch, "ensure_wheel", lambda line, layout: Path("unused.whl"))
     monkeypatch.setattr(lock, "oldest_python", lambda wheel: "3.10")
     monkeypatch.setattr(
-        lock, "release_cutoff", lambda line, simple: datetime(2026, 9, 17, tzinfo=timezone.utc)
+        lock, "release_cutoff", lambda line, simple, core=None: datetime(2026, 9, 17, tzinfo=timezone.utc)
     )
     asked: list[str] = []
 

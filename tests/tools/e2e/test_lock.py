@@ -81,3 +81,44 @@ def test_lock_line_compiles_as_of_the_cutoff(tmp_path: Path, monkeypatch: pytest
     text = target.read_text()
     assert text.startswith("# The e2e environment of 3.2 (3.2.2), as of 2026-05-29T06:22:00Z")
     assert "pydantic==2.13.4" in text
+
+
+def test_lock_core_compiles_another_release_as_of_its_own_day(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = Layout(root=tmp_path)
+    monkeypatch.setattr(fetch, "ensure_pin", lambda pin, version, layout: Path(f"{version}.whl"))
+    monkeypatch.setattr(lock, "oldest_python", lambda wheel: f"from {wheel}")
+    fake = {
+        pins.DISTRIBUTION: page(
+            pins.DISTRIBUTION,
+            {
+                "apache_airflow_core-3.2.0-py3-none-any.whl": "2026-03-02T10:00:00Z",
+                f"apache_airflow_core-{LINE.version}-py3-none-any.whl": "2026-05-29T05:20:08Z",
+            },
+            LINE.covers["3.2.0"],
+        ),
+        "apache-airflow": page(
+            "apache-airflow", {"apache_airflow-3.2.0-py3-none-any.whl": "2026-03-02T10:05:00Z"}
+        ),
+    }
+    seen: list[tuple[str, ...]] = []
+    requirements: list[str] = []
+
+    def fake_uv(*args: str) -> str:
+        seen.append(args)
+        requirements.append(Path(args[2]).read_text())
+        return "apache-airflow==3.2.0\naiosqlite==0.21.0\n"
+
+    target = lock.lock_line(LINE, layout, fake.__getitem__, fake_uv, core="3.2.0")
+    assert target == tmp_path / "constraints" / "e2e-3.2.0.txt"
+    args = seen[0]
+    assert args[args.index("--exclude-newer") + 1] == "2026-03-02T11:05:00Z"  # 3.2.0's day, not 3.2.2's
+    assert args[args.index("--python-version") + 1] == "from 3.2.0.whl"
+    assert (
+        args[args.index("--custom-compile-command") + 1] == "python -m tools e2e-lock --line 3.2 --core 3.2.0"
+    )
+    assert requirements == ["apache-airflow[postgres]==3.2.0\napache-airflow-core==3.2.0\n"]
+    assert target.read_text().startswith(
+        "# The e2e environment of 3.2 (3.2.2) on apache-airflow-core 3.2.0, as of"
+    )

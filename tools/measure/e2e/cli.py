@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from tools.delivery import package
+from tools.engine import releases
 from tools.measure.e2e import driver
 from tools.measure.e2e.driver import (
     DEFAULT_SCENARIOS,
@@ -48,6 +50,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--line", default=pins.PRIMARY.name, help="release line or pinned version (default %(default)s)"
+    )
+    p.add_argument(
+        "--core",
+        metavar="VERSION",
+        help=(
+            "another apache-airflow-core release the line covers (e.g. 3.3.0): the e2e venv gets it with "
+            "the task-sdk release it requires, and the executor that release gets (default: the line's "
+            "pinned version)"
+        ),
     )
     p.add_argument(
         "--stage",
@@ -174,6 +185,7 @@ def options_from(args: argparse.Namespace) -> Options:
         )
     if args.rounds < 1 or (args.rounds > 1 and not compare):
         raise ToolError("--rounds must be at least 1, and more than 1 only with --compare-stages")
+    core = core_release(line, args, compare)
     db = args.db or ("postgres" if args.executor == "celery" else "sqlite")
     scenarios = list(dict.fromkeys(args.scenarios or DEFAULT_SCENARIOS))
     if args.executor == "celery":
@@ -183,6 +195,7 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ToolError("--celery-reap-sigchld needs --executor celery")
     return Options(
         line=line,
+        core=core,
         stage=args.stage,
         db=db,
         parallelism=args.parallelism,
@@ -201,6 +214,47 @@ def options_from(args: argparse.Namespace) -> Options:
         executor=args.executor,
         reap_sigchld=args.celery_reap_sigchld,
     )
+
+
+def _either(items: list[str]) -> str:
+    return " or ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
+
+
+def check_core(line: pins.Line, core: str) -> None:
+    """``--core``: one line naming the line and the releases it covers, unless ``core`` is one."""
+    if core not in releases.verified_versions(line):
+        other = next((ln for ln in pins.LINES if core in releases.verified_versions(ln)), None)
+        hint = f"; {core} is line {other.name}'s: add --line {other.name}" if other else ""
+        raise ToolError(
+            f"--core {core}: not a release line {line.name} covers "
+            f"(apache-airflow-core {', '.join(releases.verified_versions(line))}){hint}"
+        )
+
+
+def core_release(line: pins.Line, args: argparse.Namespace, compare: list[int | None]) -> str:
+    """``--core``: a release ``line`` covers (default its pinned version), with what can run on it."""
+    core = args.core or line.version
+    check_core(line, core)
+    if core == line.version:
+        return core
+    sdk = line.core_sdk[core]
+    odd = [s for s in [args.stage, *compare] if s not in (None, 0)]
+    if odd or args.supervisor is not None:
+        raise ToolError(
+            f"--core {core}: stage 0 (the release as shipped) or the full series only; the series' "
+            f"intermediate stages are applied to the line's base {line.version}"
+        )
+    if args.executor == "package":
+        wheel = package.verified(line)
+        if sdk not in wheel.task_sdk:
+            ok = [c for c in releases.verified_versions(line) if line.core_sdk.get(c) in wheel.task_sdk]
+            raise ToolError(
+                f"--executor package --core {core}: the {line.name} wheel requires apache-airflow-task-sdk "
+                f"{'/'.join(wheel.task_sdk)} and apache-airflow-core {core} requires {sdk}, a pair pip "
+                f"refuses; run the overlay there (--executor overlay --core {core}) or the wheel on "
+                f"--core {_either(ok)}"
+            )
+    return core
 
 
 def check_celery(args: argparse.Namespace, compare: list[int | None], db: str) -> None:
@@ -294,6 +348,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         action="store_true",
         help="the CeleryExecutor's (apache-airflow[celery]) into constraints/e2e-celery-<line>.txt",
     )
+    lk.add_argument(
+        "--core",
+        metavar="VERSION",
+        help=(
+            "with one --line: another apache-airflow-core release it covers, as of that release's day, "
+            "into constraints/e2e-<VERSION>.txt (what e2e --core VERSION installs with)"
+        ),
+    )
     lk.set_defaults(func=_cmd_e2e_lock)
 
 
@@ -304,8 +366,12 @@ def _cmd_e2e_lock(args: argparse.Namespace) -> int:
         lines = [pins.get_line(name) for name in args.line] if args.line else list(pins.LINES)
     except KeyError as e:
         raise ToolError(str(e.args[0])) from None
+    if args.core is not None:
+        if len(lines) != 1:
+            raise ToolError("e2e-lock --core needs exactly one --line")
+        check_core(lines[0], args.core)
     for line in lines:
-        print(f"wrote {LAYOUT.rel(lock.lock_line(line, celery=args.celery))}")
+        print(f"wrote {LAYOUT.rel(lock.lock_line(line, celery=args.celery, core=args.core))}")
     return 0
 
 

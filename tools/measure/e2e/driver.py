@@ -275,6 +275,18 @@ class Options:
     executor: str = "overlay"
     # --celery-reap-sigchld: each Celery pool child reaps its children from a SIGCHLD handler (#70117).
     reap_sigchld: bool = False
+    # --core: the apache-airflow-core release the venv gets, one the line covers ("": its pinned version).
+    core: str = ""
+
+    @property
+    def release(self) -> str:
+        """The apache-airflow-core release the session runs."""
+        return self.core or self.line.version
+
+    @property
+    def task_sdk(self) -> str:
+        """The apache-airflow-task-sdk release that core release requires."""
+        return self.line.core_sdk.get(self.release, self.line.sdk_version)
 
 
 @dataclass
@@ -1103,7 +1115,7 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
             f"warning: SQLite at parallelism {opts.parallelism}: "
             "the scheduler may die with 'database is locked'"
         )
-    venv = AirflowVenv(opts.line, opts.out, say, celery=opts.executor == "celery")
+    venv = AirflowVenv(opts.line, opts.out, say, celery=opts.executor == "celery", core=opts.release)
     venv.ensure()
     site = venvs.purelib(venv.python) if opts.trace_loops else None
     stages = opts.compare or [opts.stage]
@@ -1180,15 +1192,19 @@ def _stage_session(
     workdir.mkdir(parents=True, exist_ok=True)
     if opts.executor == "package":
         source = venv.install_package(opts.out / "dist")
-        how = "uv pip install (Airflow's files checked: the pinned bases)"
+        how = (
+            f"uv pip install beside apache-airflow-core {opts.release} and task-sdk {opts.task_sdk} "
+            "(Airflow's files checked: as released)"
+        )
     elif opts.executor == "celery":
         source = venv.install_supervisor(fixed=opts.stage is None)
         how = source.origin if opts.stage is None else "pinned bases (restored)"
     else:
-        source = resolve_source(opts.line, opts.stage, opts.supervisor)
+        source = resolve_source(opts.line, opts.stage, opts.supervisor, opts.release)
         how = venv.install_executor(source)
     say(
-        f"e2e {opts.line.name} (apache-airflow {opts.line.version}): executor = {source.label}, "
+        f"e2e {opts.line.name} (apache-airflow {opts.release}, task-sdk {opts.task_sdk}): "
+        f"executor = {source.label}, "
         f"sha256 {source.sha256[:12]}, installed via {how}; db {opts.db}; parallelism {opts.parallelism}"
         + "".join(f"; {name}={value}" for name, value in opts.airflow_env.items())
     )
@@ -1201,7 +1217,8 @@ def _stage_session(
             venv.uninstall_package()
     report = {
         "line": opts.line.name,
-        "version": opts.line.version,
+        "version": opts.release,
+        "task_sdk": opts.task_sdk,
         "stage": opts.stage,
         "executor_kind": opts.executor,
         "executor": {
@@ -1281,7 +1298,9 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
             n = len(reports) // max(len(stages), 1)
             title = (
                 f"{name}: {opts.tasks} no-op tasks at parallelism {opts.parallelism}, "
-                f"{opts.line.label}, {opts.db}"
+                f"{opts.line.label}"
+                + (f" on apache-airflow-core {opts.release}" if opts.release != opts.line.version else "")
+                + f", {opts.db}"
                 + (", CeleryExecutor, task-sdk's supervisor" if opts.executor == "celery" else "")
                 + f"; ratios to {rows[0].label}"
                 + (f"; medians of {n} rounds" if n > 1 else "")
@@ -1294,7 +1313,8 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
 
 def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) -> str:
     lines = [
-        f"e2e {opts.line.name} ({opts.line.version}), {label}, {opts.db}, parallelism {opts.parallelism}",
+        f"e2e {opts.line.name} ({opts.release}, task-sdk {opts.task_sdk}), {label}, {opts.db}, "
+        f"parallelism {opts.parallelism}",
         f"{'scenario':<18}{'result':<8}{'run':<10}{'ready':>7}{'run time':>10}  detail",
     ]
     for r in results:

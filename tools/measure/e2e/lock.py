@@ -7,6 +7,11 @@ got it: ``uv pip compile --exclude-newer`` at the upload time of the release's f
 from PyPI's simple JSON API (PEP 691/700), plus :data:`MARGIN` (a release's distributions are
 uploaded one after another). The result is ``constraints/e2e-<line>.txt``, which
 :mod:`tools.measure.e2e.venv` installs with in preference to the line's test constraints.
+
+``--core X`` locks another core release the line covers the same way, as of X's day, into
+``constraints/e2e-<X>.txt``, which ``e2e --core X`` needs: a base's lock can pin what an older
+release refuses (3.3.2's aiosqlite 0.22.1; 3.3.0 requires <0.22.0) or does not start with (3.1.8's
+pyjwt 2.11.0: 3.1.6's api-server fails every token with "Issuer (iss) must be a string").
 """
 
 from __future__ import annotations
@@ -73,12 +78,13 @@ def upload_time(page: dict[str, Any], name: str, version: str, wheel_sha256: str
     return max(times)
 
 
-def release_cutoff(line: pins.Line, simple: SimplePage = pypi_simple) -> datetime:
-    """The instant the line's release was complete on the index, plus :data:`MARGIN`."""
+def release_cutoff(line: pins.Line, simple: SimplePage = pypi_simple, core: str | None = None) -> datetime:
+    """The instant the line's release (or its release ``core``) was complete on the index, plus
+    :data:`MARGIN`."""
+    core = core or line.version
+    sha = line.wheel_sha256 if core == line.version else line.covers[core]
     times = [
-        upload_time(
-            simple(name), name, line.version, line.wheel_sha256 if name == pins.DISTRIBUTION else None
-        )
+        upload_time(simple(name), name, core, sha if name == pins.DISTRIBUTION else None)
         for name in RELEASED_TOGETHER
     ]
     return max(times) + MARGIN
@@ -93,9 +99,13 @@ def oldest_python(wheel: Path) -> str:
     return found.group(1) if found else "3.10"
 
 
-def constraints_path(line: pins.Line, layout: Layout = DEFAULT, celery: bool = False) -> Path:
-    """``constraints/e2e-<line>.txt``; with ``celery``, ``e2e-celery-<line>.txt`` (the CeleryExecutor's)."""
-    return layout.constraints / (f"e2e-celery-{line.name}.txt" if celery else f"e2e-{line.name}.txt")
+def constraints_path(
+    line: pins.Line, layout: Layout = DEFAULT, celery: bool = False, core: str | None = None
+) -> Path:
+    """``constraints/e2e-<line>.txt``; with ``celery``, ``e2e-celery-<line>.txt`` (the CeleryExecutor's);
+    for another core release of the line, its version in place of the line's name (``e2e-3.3.0.txt``)."""
+    name = line.name if core in (None, line.version) else core
+    return layout.constraints / (f"e2e-celery-{name}.txt" if celery else f"e2e-{name}.txt")
 
 
 def extras(celery: bool = False) -> str:
@@ -109,20 +119,29 @@ def lock_line(
     simple: SimplePage = pypi_simple,
     compile_: Callable[..., str] = venvs.run_uv,
     celery: bool = False,
+    core: str | None = None,
 ) -> Path:
     """Write ``constraints/e2e-<line>.txt``: Airflow and every dependency as of the release.
 
     With ``celery``, ``constraints/e2e-celery-<line>.txt``: the same with ``apache-airflow[celery]``,
     so ``apache-airflow-providers-celery`` (and celery, kombu, billiard, redis) are the releases
-    that were current on the line's release day, resolved together with it."""
-    cutoff = release_cutoff(line, simple)
+    that were current on the line's release day, resolved together with it. With ``core`` (another
+    release the line covers), that release as of its own day: ``constraints/e2e-<core>.txt``."""
+    core = core or line.version
+    cutoff = release_cutoff(line, simple, core=core)
     stamp = cutoff.strftime("%Y-%m-%dT%H:%M:%SZ")
-    python = oldest_python(fetch.ensure_wheel(line, layout))
+    wheel = (
+        fetch.ensure_wheel(line, layout)
+        if core == line.version
+        else fetch.ensure_pin(line.pins[0], core, layout)
+    )
+    python = oldest_python(wheel)
+    command = f"python -m tools e2e-lock --line {line.name}" + (" --celery" if celery else "")
+    if core != line.version:
+        command += f" --core {core}"
     with tempfile.TemporaryDirectory(prefix="lepatch-e2e-lock-") as tmp:
         requirements = Path(tmp) / "e2e.in"
-        requirements.write_text(
-            f"apache-airflow[{extras(celery)}]=={line.version}\n{pins.DISTRIBUTION}=={line.version}\n"
-        )
+        requirements.write_text(f"apache-airflow[{extras(celery)}]=={core}\n{pins.DISTRIBUTION}=={core}\n")
         text = compile_(
             "pip",
             "compile",
@@ -134,17 +153,19 @@ def lock_line(
             "--exclude-newer",
             stamp,
             "--custom-compile-command",
-            f"python -m tools e2e-lock --line {line.name}" + (" --celery" if celery else ""),
+            command,
         )
-    if not re.search(rf"^apache-airflow=={re.escape(line.version)}\s*$", text, re.M):
-        raise ToolError(f"uv pip compile for the {line.name} line did not pin apache-airflow=={line.version}")
+    if not re.search(rf"^apache-airflow=={re.escape(core)}\s*$", text, re.M):
+        raise ToolError(f"uv pip compile for the {line.name} line did not pin apache-airflow=={core}")
     if celery and not re.search(r"^apache-airflow-providers-celery==", text, re.M):
         raise ToolError(
             f"uv pip compile for the {line.name} line did not pin apache-airflow-providers-celery"
         )
-    target = constraints_path(line, layout, celery)
+    target = constraints_path(line, layout, celery, core)
     target.parent.mkdir(parents=True, exist_ok=True)
-    what = " with CeleryExecutor" if celery else ""
+    what = (" with CeleryExecutor" if celery else "") + (
+        f" on apache-airflow-core {core}" if core != line.version else ""
+    )
     head = f"# The e2e environment of {line.label}{what}, as of {stamp} (its release on PyPI + {MARGIN}).\n"
     target.write_text(head + text)
     return target

@@ -2,9 +2,19 @@
 
 ``build/e2e/venv-<line>`` holds ``apache-airflow[postgres]`` pinned to the line's version (the
 distribution, so the task SDK and the standard provider come with it) and the line's verified
-``apache-airflow-core`` wheel from the cache, constrained by ``constraints/e2e-<line>.txt`` (the
-release day's dependencies, :mod:`tools.measure.e2e.lock`) or else the line's test lock. It is created
-with ``uv`` on first use and reused while its marker says it was built for the same inputs.
+``apache-airflow-core`` and ``apache-airflow-task-sdk`` wheels from the cache, constrained by
+``constraints/e2e-<line>.txt`` (the release day's dependencies, :mod:`tools.measure.e2e.lock`) or
+else the line's test lock. It is created with ``uv`` on first use (``venvs.ensure_release``) and
+reused while its stamp says it was built for the same inputs.
+
+``--core X`` (another core release the line covers) makes ``build/e2e/venv-<line>-core-X`` instead:
+``apache-airflow[postgres]==X`` with core X and the task-sdk release X requires, from their verified
+wheels, constrained by ``constraints/e2e-X.txt`` (``e2e-lock --core X``, X's release day; a later
+release's lock may not resolve or start with it). Everything below then takes that release's files:
+stage 0 is X's own ``local_executor.py`` and its task-sdk's ``supervisor.py``, the full series
+carries that task-sdk's own patched supervisor (``airflow_overlay/<line>/task-sdk-<v>/``), and the
+line's wheel is installed with core X and its task-sdk named beside it, so pip cannot move Airflow
+to another release to satisfy it.
 
 The executor under test is then put in place, with task-sdk's ``supervisor.py`` of the same stage
 (or of the stage ``--supervisor`` names):
@@ -29,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -38,11 +47,10 @@ from pathlib import Path
 from tools.delivery import overlay_install, package
 from tools.delivery.overlay_install import OverlayError, OverlayInstaller, OverlayState
 from tools.engine import apply, fetch, venvs
+from tools.measure.e2e import lock
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT as LAYOUT
-
-MARKER = ".lepatch-e2e.json"
 
 
 def sha256(data: bytes) -> str:
@@ -76,20 +84,20 @@ def series_length() -> int | None:
     return sum(1 for ln in series.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
 
 
-def stage_sources(line: pins.Line, stage: int | None) -> tuple[dict[str, bytes], str, str]:
-    """Every upstream file of a stage of ``line`` by installed path, its label and origin."""
+def stage_sources(
+    line: pins.Line, stage: int | None, core: str | None = None
+) -> tuple[dict[str, bytes], str, str]:
+    """Every upstream file of a stage of ``line`` by installed path, its label and origin; with
+    ``core`` (a release the line covers), that release's files: stage 0 and the full series only."""
+    core = core or line.version
+    if core != line.version:
+        return _release_sources(line, stage, core)
     if stage == 0:
         bases = fetch.read_bases(line)
         files = {f.package_path: bases[f.repo_path] for f in pins.UPSTREAM_FILES if f.repo_path in bases}
         return files, f"stage 0 (base {line.version})", "pinned wheel"
     if stage is None:
-        overlay = LAYOUT.overlay / line.name / pins.PACKAGE_PATH
-        if not overlay.is_file():
-            raise ToolError(
-                f"{LAYOUT.rel(overlay)}: no overlay for line {line.name} yet; "
-                "run `nox -s apply -- --write`, or pass --stage 0 for the unpatched base"
-            )
-        files = LAYOUT.overlay_files(line.name)
+        files = _overlay_files(line)
         n = series_length()
         what = f"{n} patches" if n is not None else "the series"
         where = LAYOUT.rel(LAYOUT.overlay / line.name)
@@ -101,14 +109,55 @@ def stage_sources(line: pins.Line, stage: int | None) -> tuple[dict[str, bytes],
     )
 
 
-def resolve_source(line: pins.Line, stage: int | None, supervisor: int | str | None = "") -> ExecutorSource:
-    """The files of the requested stage of ``line``; task-sdk's from ``supervisor``'s stage if given."""
-    files, label, origin = stage_sources(line, stage)
+def _overlay_files(line: pins.Line) -> dict[str, bytes]:
+    overlay = LAYOUT.overlay / line.name / pins.PACKAGE_PATH
+    if not overlay.is_file():
+        raise ToolError(
+            f"{LAYOUT.rel(overlay)}: no overlay for line {line.name} yet; "
+            "run `nox -s apply -- --write`, or pass --stage 0 for the unpatched base"
+        )
+    return LAYOUT.overlay_files(line.name)
+
+
+def _release_sources(line: pins.Line, stage: int | None, core: str) -> tuple[dict[str, bytes], str, str]:
+    """Stage 0 or the full series of ``line`` on its core release ``core`` with the task-sdk it requires."""
+    sdk = line.core_sdk[core]
+    sup = pins.SUPERVISOR.package_path
+    pin = line.supervisor_pin(sdk)
+    if pin is None:
+        raise ToolError(f"line {line.name} has no verified supervisor.py for apache-airflow-task-sdk {sdk}")
+    if stage == 0:
+        executor = fetch.read_source(fetch.ensure_pin(line.pins[0], core))
+        if sha256(executor) != line.source_sha256:  # covered: the base's file byte for byte
+            raise ToolError(f"apache-airflow-core {core}: {pins.PACKAGE_PATH} is not the line's base")
+        files = {pins.PACKAGE_PATH: executor, sup: fetch.read_pinned(pin)}
+        return files, f"stage 0 (base {core}, task-sdk {sdk})", "pinned wheels"
+    if stage is not None:
+        raise ToolError(
+            f"apache-airflow-core {core}: stage {stage} means nothing there (the series' stages are "
+            f"applied to the line's base {line.version}); stage 0 or the full series"
+        )
+    files = _overlay_files(line)
+    where = LAYOUT.overlay / line.name
+    if pin != line.pin(pins.SUPERVISOR):  # a task-sdk release with its own patched supervisor.py
+        where = where / apply.sdk_release_dir(sdk)
+        files[sup] = (where / sup).read_bytes()
+    n = series_length()
+    what = f"{n} patches" if n is not None else "the series"
+    return files, f"full series ({what}, task-sdk {sdk}: {LAYOUT.rel(where)})", LAYOUT.rel(where)
+
+
+def resolve_source(
+    line: pins.Line, stage: int | None, supervisor: int | str | None = "", core: str | None = None
+) -> ExecutorSource:
+    """The files of the requested stage of ``line`` (on its release ``core``); task-sdk's from
+    ``supervisor``'s stage if given."""
+    files, label, origin = stage_sources(line, stage, core)
     source = ExecutorSource(label, stage, files[pins.PACKAGE_PATH], origin, files)
     if supervisor == "" or supervisor == stage:
         return source
     assert not isinstance(supervisor, str)
-    other, other_label, _ = stage_sources(line, supervisor)
+    other, other_label, _ = stage_sources(line, supervisor, core)
     path = pins.SUPERVISOR.package_path
     return replace(
         source,
@@ -120,12 +169,23 @@ def resolve_source(line: pins.Line, stage: int | None, supervisor: int | str | N
 
 class AirflowVenv:
     """``build/e2e/venv-<line>``; with ``celery``, ``venv-celery-<line>``: ``apache-airflow[celery]``
-    (the provider, celery, billiard, redis) pinned by ``constraints/e2e-celery-<line>.txt``."""
+    (the provider, celery, billiard, redis) pinned by ``constraints/e2e-celery-<line>.txt``. With
+    ``core``, another release the line covers: ``-core-<core>`` appended, that release installed."""
 
-    def __init__(self, line: pins.Line, root: Path, say: Callable[[str], None], celery: bool = False):
+    def __init__(
+        self,
+        line: pins.Line,
+        root: Path,
+        say: Callable[[str], None],
+        celery: bool = False,
+        core: str | None = None,
+    ):
         self.line = line
         self.celery = celery
-        self.path = root / (f"venv-celery-{line.name}" if celery else f"venv-{line.name}")
+        self.core = core or line.version
+        self.sdk = line.core_sdk.get(self.core, line.sdk_version)
+        name = f"venv-celery-{line.name}" if celery else f"venv-{line.name}"
+        self.path = root / (name if self.core == line.version else f"{name}-core-{self.core}")
         self.say = say
 
     @property
@@ -135,59 +195,35 @@ class AirflowVenv:
     def executor_file(self) -> Path:
         return venvs.purelib(self.python) / pins.PACKAGE_PATH
 
-    def _marker(self) -> object:
-        try:
-            return json.loads((self.path / MARKER).read_text())
-        except (OSError, ValueError):
-            return None
-
     def ensure(self) -> None:
-        """Create (or reuse) the venv with the line's pinned Airflow, constrained by the line's lock."""
-        wheel = fetch.ensure_wheel(self.line)
+        """Create (or reuse) the venv with the release's Airflow, constrained by the line's lock."""
         # why: the line's test lock floats to today's dependencies, which an older Airflow may not
         # start with; the e2e lock (python -m tools e2e-lock) is the release day's environment.
-        constraints = LAYOUT.constraints / f"e2e-{self.line.name}.txt"
-        extras = "postgres"
-        if self.celery:
-            # why: the provider must be a release that resolves with the line; the lock pins one.
-            constraints = LAYOUT.constraints / f"e2e-celery-{self.line.name}.txt"
-            extras = "postgres,celery"
-            if not constraints.is_file():
-                raise ToolError(
-                    f"{LAYOUT.rel(constraints)} is missing: run `python -m tools e2e-lock --celery "
-                    f"--line {self.line.name}` first"
-                )
+        # Another core release needs its own: the base's lock pins what it may refuse to resolve
+        # (3.3.0: aiosqlite) or start with (3.1.6's api-server: pyjwt 2.11.0, `iss` must be a string).
+        constraints = lock.constraints_path(self.line, LAYOUT, self.celery, self.core)
+        if not constraints.is_file() and (self.celery or self.core != self.line.version):
+            command = f"python -m tools e2e-lock{' --celery' if self.celery else ''} --line {self.line.name}"
+            if self.core != self.line.version:
+                command += f" --core {self.core}"
+            raise ToolError(
+                f"{LAYOUT.rel(constraints)} is missing: run `{command}` first (the release day's environment)"
+            )
         if not constraints.is_file():
             constraints = LAYOUT.constraints / f"{self.line.name}.txt"
-        packages = [f"apache-airflow[{extras}]=={self.line.version}"]
-        want = {
-            "line": self.line.name,
-            "version": self.line.version,
-            "wheel_sha256": self.line.wheel_sha256,
-            "constraints_sha256": sha256(constraints.read_bytes()) if constraints.is_file() else None,
-            "python": venvs._python_identity(base_python()),
-            "packages": packages,
-        }
-        if self.python.exists() and self._marker() == want:
-            return
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.say(f"creating {LAYOUT.rel(self.path)}: {packages[0]} (uv)")
-        venvs.run_uv("venv", "--quiet", "-p", base_python(), str(self.path))
-        pin = ["-c", str(constraints)] if constraints.is_file() else []
-        venvs.run_uv(
-            "pip",
-            "install",
-            "--quiet",
-            "--python",
-            str(self.python),
-            *pin,
-            str(wheel),
-            *packages,
-            env={"UV_COMPILE_BYTECODE": "1"},
+        venvs.ensure_release(
+            self.path,
+            self.core,
+            self.sdk,
+            packages=[f"apache-airflow[{lock.extras(self.celery)}]=={self.core}"],
+            constraints=constraints if constraints.is_file() else None,
+            python=base_python(),
+            say=self.say,
         )
-        (self.path / MARKER).write_text(json.dumps(want, indent=2) + "\n")
+
+    def sources(self, stage: int | None) -> dict[str, bytes]:
+        """The files of ``stage`` (0: the release's own) for this venv's release, by installed path."""
+        return stage_sources(self.line, stage, self.core)[0]
 
     def install_executor(self, source: ExecutorSource) -> str:
         """Put ``source``'s files in place of the venv's; returns how they were installed."""
@@ -224,7 +260,7 @@ class AirflowVenv:
         path = pins.SUPERVISOR.package_path
         if not fixed:
             return ExecutorSource(
-                f"task-sdk unpatched (base {self.line.version})",
+                f"task-sdk unpatched (base {self.sdk})",
                 0,
                 bases[path],
                 "pinned wheel",
@@ -240,7 +276,7 @@ class AirflowVenv:
         finally:
             for ln in said.getvalue().splitlines():
                 self.say(f"  {ln}")
-        want = LAYOUT.overlay_files(self.line.name)[path]
+        want = self.sources(None)[path]
         got = (venvs.purelib(self.python) / path).read_bytes()
         if sha256(got) != sha256(want):
             raise ToolError(f"{path}: sha256 {sha256(got)[:12]} after install, expected {sha256(want)[:12]}")
@@ -259,18 +295,23 @@ class AirflowVenv:
         return str(found[0]["version"]) if found else None
 
     def install_package(self, dist: Path) -> ExecutorSource:
-        """The pinned bases, then the line's wheel built afresh into ``dist`` and pip-installed."""
+        """The release's own files, then the line's wheel built afresh into ``dist`` and pip-installed
+        with the venv's core and task-sdk named beside it (as the Dockerfile pins Airflow), so the
+        resolver cannot move Airflow to another release to satisfy the wheel."""
         bases = self._back_to_base()
         wheel = package.build(self.line, dist)
-        venvs.run_uv("pip", "install", "--quiet", "--python", str(self.python), str(wheel))
+        core_pin, sdk_pin = venvs.release_pins(self.core, self.sdk)
+        airflow = [fetch.ensure_pin(core_pin, self.core), fetch.ensure_pin(sdk_pin, self.sdk)]
+        venvs.run_uv(
+            "pip", "install", "--quiet", "--python", str(self.python), *map(str, airflow), str(wheel)
+        )
         self._check_bases(bases, f"after installing {wheel.name}")
-        files, _, _ = stage_sources(self.line, 0)
         return ExecutorSource(
             label=f"package {wheel.name} ({package.EXECUTOR_CLASS})",
             stage=None,
             data=wheel.read_bytes(),
             origin=LAYOUT.rel(wheel),
-            sources=files,
+            sources=bases,
         )
 
     def uninstall_package(self) -> None:
@@ -286,7 +327,7 @@ class AirflowVenv:
     def _back_to_base(self) -> dict[str, bytes]:
         """Undo any earlier install (the package, the overlay installer's restore, a stage copied in)."""
         self.uninstall_package()
-        bases, _, _ = stage_sources(self.line, 0)
+        bases = self.sources(0)
         installer = OverlayInstaller(self.python, out=io.StringIO())
         st = installer.status()
         if st.record is not None:
