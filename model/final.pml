@@ -13,8 +13,10 @@
  * workloads while the scheduler slept; patch 18 removes it, with the executor's lock and its wakeup
  * pipe). The scheduler's thread (proctype Executor) is the only reader of results and the only writer of
  * workloads, and changes state only in blocks with SIGTERM and SIGINT held off ("with self._held_off:"):
- * _process_workloads' and _check_workers' (from sync(), so from slots_available and slots_occupied too,
- * and right after _process_workloads). _check_workers reads and applies results and reaps the dead (one
+ * _process_workloads' and _check_workers' (from sync(), and right after _process_workloads).
+ * slots_available and slots_occupied run the same block without reaping and without starting workers
+ * (_refresh: _read_results, then _dispatch_pending(start_workers=False)); the model lets a worker die
+ * between any two of its steps, so this step, followed by a death, covers what _refresh does. _check_workers reads and applies results and reaps the dead (one
  * atomic step), then hands each pending workload to an idle live worker, starting workers up to
  * parallelism (_dispatch_pending): a step picks the worker and starts the frame, then each page of it is
  * a step, the workers and the Killer running between them while the scheduler's thread does nothing
@@ -397,8 +399,8 @@ inline send_pill(w) {
     od
 }
 
-/* The scheduler calls sync() every heartbeat (and slots_available and slots_occupied do, through _refresh
-   "self.sync()"): nothing its blocks look at changes until a result or a dead worker is there, or a
+/* The scheduler calls sync() every heartbeat (and slots_available and slots_occupied run its reads and
+   dispatches to idle workers, through _refresh): nothing its blocks look at changes until a result or a dead worker is there, or a
    pending workload has an idle worker or room to start one; the model waits for that (or for every other
    process to be stuck, Promela's timeout). */
 #define SYNC_READY (SOMEREADY || (pqn > 0 && (HASIDLE || SLOTS_USED < N)))

@@ -43,6 +43,7 @@ from harness import (
 )
 
 LOOP_PATCH = "0010-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
+NO_THREAD_PATCH = "0018-keep-localexecutor-workers-busy-without-a-thread.patch"
 
 
 def _started(started_dir: str, task_id: str) -> bool:
@@ -175,4 +176,47 @@ def test_worker_killed_while_a_workload_waits_fails_its_key_once_and_runs_the_wa
         "states": {"doomed": "failed", "waiting": "success"},
         "failed_events": 1,
         "at_rest_again": True,
+    }
+
+
+def dead_worker_while_the_scheduler_reads_slots() -> dict:
+    """A busy worker dies; the scheduler reads the slots (pool rows locked), then beats."""
+    executor = new_executor(2)
+    started_dir = tempfile.mkdtemp()
+    held = make_workload(
+        "held", fake={"started_dir": started_dir, "wait_for": str(Path(started_dir, "never"))}
+    )
+    dispatch(executor, [held])
+    assert wait_until(lambda: _started(started_dir, "held"), timeout=30), "held never started"
+    (worker,) = (int(name.rsplit(".", 1)[1]) for name in os.listdir(started_dir))
+    os.kill(worker, signal.SIGKILL)
+    os.waitid(os.P_PID, worker, os.WEXITED | os.WNOWAIT)  # dead, and left for the executor to reap
+    workers = set(executor.workers)
+    for _ in range(20):  # what the scheduler reads, its pool rows locked
+        _ = (executor.slots_available, executor.slots_occupied)
+    outcome = {
+        "held_running": key_of(held) in executor.running,  # until its worker is reaped
+        "reaped_by_slot_reads": worker not in executor.workers,
+        "started_by_slot_reads": sorted(set(executor.workers) - workers),
+    }
+    # heartbeat()'s sync() does it.
+    outcome["held"] = wait_for_states(executor, [key_of(held)], timeout=20)["held"]
+    outcome["reaped_by_sync"] = worker not in executor.workers
+    executor.end()
+    return outcome
+
+
+@pytest.mark.fixed_by(NO_THREAD_PATCH, introduced_by=LOOP_PATCH)
+def test_reading_the_slots_forks_nothing_and_reaps_nothing(start_method):
+    # Reaping a dead worker scans /proc and may wait for what it started to die (up to 5 s); starting
+    # one forks. The scheduler reads the slots while it holds its pool rows locked: neither belongs there.
+    outcome = run_scenario(
+        dead_worker_while_the_scheduler_reads_slots, start_method=start_method, deadline=90
+    )
+    assert outcome == {
+        "held_running": True,
+        "reaped_by_slot_reads": False,
+        "started_by_slot_reads": [],
+        "held": "failed",
+        "reaped_by_sync": True,
     }

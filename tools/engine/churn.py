@@ -40,9 +40,10 @@ TARGET_PERCENT = 5
 # The ratchet, per line: churned lines of local_executor.py at most (the figures `python -m tools
 # apply` printed for the 18-patch series when the ratchet came in). Lower each to the new figure as
 # the re-cut lands; raise one only where a fix goes into the patch that made the bug, as the series'
-# rule wants, and must touch a line an earlier patch added (each +1 here: patch 9's guard around patch
-# 8's proc.close(), for a worker reaped elsewhere).
-CEILINGS: dict[str, int] = {"3.3": 332, "3.2": 330, "3.1": 330, "3.4": 333}
+# rule wants, and must touch a line an earlier patch added (each +2 here: patch 9's guard around patch
+# 8's proc.close(), for a worker reaped elsewhere; patch 18's _refresh(), which no longer runs patch
+# 10's sync() where the scheduler holds its pool rows locked).
+CEILINGS: dict[str, int] = {"3.3": 333, "3.2": 331, "3.1": 331, "3.4": 334}
 RATCHETED = pins.EXECUTOR
 
 BASE = 0  # the tag of the base's lines: patch numbers start at 1

@@ -57,8 +57,9 @@ Workers are kept busy between scheduler loops. The scheduler reads ``slots_avail
 heartbeat reads results, and sleeps ``scheduler_idle_sleep_time`` after a loop that did nothing, so a
 slot freed by a result nobody has read would wait up to that sleep and one more loop. So
 ``slots_available`` and ``slots_occupied`` first apply every result already waiting in the pipes (read
-without blocking), reap dead workers and hand what waits to the workers that are free: a slot freed by
-now counts in this decision.
+without blocking) and hand what waits to the workers that are idle: a slot freed by now counts in this
+decision. They fork nothing and reap nothing (the scheduler reads them holding its pool rows locked):
+dead workers are reaped, and workers started, by ``heartbeat()``'s ``sync()``.
 
 With ``[local_executor] prefetch_fraction`` above 0 (``prefetch_fraction`` below says this line's
 default) the executor also accepts that fraction of ``parallelism`` beyond it while its tasks are short (``[local_executor]
@@ -659,9 +660,13 @@ class LocalExecutor(BaseExecutor):
         return max(0, -(-self._prefetch * (self.parallelism - long) // self.parallelism))
 
     def _refresh(self) -> None:
-        """Apply the results waiting in the pipes, reap dead workers and hand what waits to free ones."""
+        """Apply the results waiting in the pipes and hand what waits to idle workers; never fork or reap."""
+        # The scheduler reads slots_available holding its pool rows locked: reaping a dead worker (a /proc
+        # scan, up to left_behind_timeout) and starting workers wait for heartbeat()'s sync().
         if self._started:
-            self.sync()
+            with self._held_off:
+                self._read_results()
+                self._dispatch_pending(start_workers=False)
 
     def _stop_dispatching(self) -> None:
         """From here on nothing is taken beyond ``parallelism`` and ``slots_available`` reads nothing."""
@@ -903,10 +908,10 @@ class LocalExecutor(BaseExecutor):
             key, state_class_for_key(key).FAILED, f"LocalExecutor worker pid={pid} died", dispatch, pid
         )
 
-    def _dispatch_pending(self) -> None:
-        """Send each pending workload to an idle worker, starting workers up to ``parallelism``."""
+    def _dispatch_pending(self, start_workers: bool = True) -> None:
+        """Send each pending workload to an idle worker, starting workers up to ``parallelism`` if asked."""
         while self._pending:
-            pid = self._idle_worker()
+            pid = self._idle_worker(start_workers)
             if pid is None:
                 # Every worker is busy. The scheduler hands over at most ``parallelism - len(running)``
                 # workloads, so this only happens when keys occupy more workers than slots: a key
@@ -950,12 +955,12 @@ class LocalExecutor(BaseExecutor):
             self.workers[pid].kill()
             raise
 
-    def _idle_worker(self) -> int | None:
+    def _idle_worker(self, start: bool = True) -> int | None:
         """Return an idle live worker, starting one if all are busy and fewer than ``parallelism`` exist."""
         for pid, proc in self.workers.items():
             if pid not in self._worker_tasks and not _exited(proc):
                 return pid
-        if len(self.workers) >= self.parallelism:
+        if not start or len(self.workers) >= self.parallelism:
             return None
         if self.is_mp_using_fork:
             # Replacements too are forked with the GC frozen, and all at once, to keep freeze/unfreeze
