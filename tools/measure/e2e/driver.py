@@ -70,8 +70,9 @@ queued-timeout
 In every scenario each component's database pool (api-server, scheduler, dag-processor; each
 engine, sync and async) holds parallelism + 8 connections (``--db-pool headroom``, the default),
 with Airflow's overflow of 10 and SQLAlchemy's pool_timeout of 30 s (Airflow sets none): with
-Airflow's own 5 + 10, 16 supervisors starting at once exhaust the api-server's, whose requests
-then wait 30 s for a connection and fail. ``--db-pool airflow`` runs at Airflow's settings (no pool
+Airflow's own 5 + 10, 16 supervisors starting at once once exhausted the api-server's, whose
+requests then waited 30 s for a connection and failed (2026-12-01; not seen again since, see
+docs/e2e.md). ``--db-pool airflow`` runs at Airflow's settings (no pool
 setting in the stack's environment), ``--db-pool N`` with a pool of N. Every scenario counts the
 pool timeouts in each component's log (``throughput.pool_timeouts``); throughput reports the
 api-server's with its failed tasks, per round and in the comparison table.
@@ -167,7 +168,8 @@ QT_FAILED = "Task requeue attempts exceeded max; marking failed"
 # Each component's database pool holds this many connections beyond parallelism. With Airflow's
 # 5 + 10, 16 task supervisors starting at once (each PATCH .../run holds one) plus the driver's
 # polling waited 30 s for a connection in the api-server; the timed-out starts failed their tasks
-# and left some ``running`` in the API. Seen on the unpatched base and the series alike.
+# and left some ``running`` in the API. Seen on the unpatched base and the series alike (2026-12-01;
+# at Airflow's settings on 2026-12-06, --db-pool airflow, no round timed out: docs/e2e.md).
 POOL_HEADROOM = 8
 # --db-pool: "headroom" (the default: parallelism + POOL_HEADROOM), "airflow" (Airflow's own settings:
 # nothing set), or a pool size. Airflow's [database] sql_alchemy_pool_size and sql_alchemy_max_overflow
