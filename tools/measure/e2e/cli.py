@@ -160,6 +160,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             "(waitpid(-1)), as in apache/airflow#70117, so psutil's wait() returns None"
         ),
     )
+    p.add_argument(
+        "--db-pool",
+        metavar="headroom|airflow|N",
+        default=driver.DB_POOL_HEADROOM,
+        help=(
+            "each component's database pool: headroom (default), --parallelism + "
+            f"{driver.POOL_HEADROOM} connections; airflow, Airflow's own settings "
+            f"({driver.AIRFLOW_POOL_SIZE} + {driver.AIRFLOW_MAX_OVERFLOW} overflow, nothing set); "
+            f"N, a pool of N. Overflow {driver.AIRFLOW_MAX_OVERFLOW} and SQLAlchemy's "
+            f"{driver.SQLALCHEMY_POOL_TIMEOUT:g} s pool_timeout in every case"
+        ),
+    )
     p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
 
 
@@ -213,6 +225,7 @@ def options_from(args: argparse.Namespace) -> Options:
         supervisor=parse_supervisor(args.supervisor),
         executor=args.executor,
         reap_sigchld=args.celery_reap_sigchld,
+        db_pool=parse_db_pool(args.db_pool),
     )
 
 
@@ -290,6 +303,20 @@ def parse_supervisor(text: str | None) -> int | str | None:
     if not text.isdigit():
         raise ToolError(f"--supervisor: {text!r} is neither a stage number nor 'full'")
     return int(text)
+
+
+def parse_db_pool(text: str) -> str:
+    """``--db-pool``: headroom, airflow or a pool size of at least 1 (as digits); one line otherwise."""
+    value = text.strip().lower()
+    if value in (driver.DB_POOL_HEADROOM, driver.DB_POOL_AIRFLOW):
+        return value
+    if value.isdigit() and int(value) >= 1:
+        return str(int(value))
+    raise ToolError(
+        f"--db-pool wants {driver.DB_POOL_HEADROOM} (parallelism + {driver.POOL_HEADROOM}, the default), "
+        f"{driver.DB_POOL_AIRFLOW} (Airflow's {driver.AIRFLOW_POOL_SIZE} + {driver.AIRFLOW_MAX_OVERFLOW}) "
+        f"or a pool size of at least 1, not {text!r}"
+    )
 
 
 def parse_env(items: list[str]) -> dict[str, str]:

@@ -67,10 +67,18 @@ queued-timeout
     its prefetch room again at once, and fails. Not in the default set (about three minutes):
     ask for it with ``--scenario queued-timeout --parallelism 2``.
 
-In every scenario each component's database pool holds parallelism + 8 connections: with
-Airflow's 5 (+ 10 overflow), 16 supervisors starting at once exhaust the api-server's, which
-then fails task starts after 30 s. kill-queued at parallelism 30 or more runs the throughput
-DAG (4 x parallelism no-op tasks): the main DAG would reach every worker in one wave.
+In every scenario each component's database pool (api-server, scheduler, dag-processor; each
+engine, sync and async) holds parallelism + 8 connections (``--db-pool headroom``, the default),
+with Airflow's overflow of 10 and SQLAlchemy's pool_timeout of 30 s (Airflow sets none): with
+Airflow's own 5 + 10, 16 supervisors starting at once once exhausted the api-server's, whose
+requests then waited 30 s for a connection and failed (2026-12-01; not seen again since, see
+docs/e2e.md). ``--db-pool airflow`` runs at Airflow's settings (no pool
+setting in the stack's environment), ``--db-pool N`` with a pool of N. Every scenario counts the
+pool timeouts in each component's log (``throughput.pool_timeouts``); throughput reports the
+api-server's with its failed tasks, per round and in the comparison table.
+
+kill-queued at parallelism 30 or more runs the throughput DAG (4 x parallelism no-op tasks): the
+main DAG would reach every worker in one wave.
 
 ``--compare-stages 0,9`` runs the selected scenarios once per stage (``full`` = the series
 overlay) in one invocation, each stage's executor installed in turn, and ends with a table of
@@ -160,8 +168,20 @@ QT_FAILED = "Task requeue attempts exceeded max; marking failed"
 # Each component's database pool holds this many connections beyond parallelism. With Airflow's
 # 5 + 10, 16 task supervisors starting at once (each PATCH .../run holds one) plus the driver's
 # polling waited 30 s for a connection in the api-server; the timed-out starts failed their tasks
-# and left some ``running`` in the API. Seen on the unpatched base and the series alike.
+# and left some ``running`` in the API. Seen on the unpatched base and the series alike (2026-12-01;
+# at Airflow's settings on 2026-12-06, --db-pool airflow, no round timed out: docs/e2e.md).
 POOL_HEADROOM = 8
+# --db-pool: "headroom" (the default: parallelism + POOL_HEADROOM), "airflow" (Airflow's own settings:
+# nothing set), or a pool size. Airflow's [database] sql_alchemy_pool_size and sql_alchemy_max_overflow
+# defaults, and SQLAlchemy's pool_timeout, which Airflow does not set (only sql_alchemy_engine_args could).
+DB_POOL_HEADROOM = "headroom"
+DB_POOL_AIRFLOW = "airflow"
+AIRFLOW_POOL_SIZE = 5
+AIRFLOW_MAX_OVERFLOW = 10
+SQLALCHEMY_POOL_TIMEOUT = 30.0
+POOL_SIZE_ENV = "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE"
+MAX_OVERFLOW_ENV = "AIRFLOW__DATABASE__SQL_ALCHEMY_MAX_OVERFLOW"
+ENGINE_ARGS_ENV = "AIRFLOW__DATABASE__SQL_ALCHEMY_ENGINE_ARGS"
 # Above this many rows the printed timeline is only its summary line (the report keeps it all).
 MAX_TIMELINE_ROWS = 40
 
@@ -239,6 +259,46 @@ def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str
     return env
 
 
+def db_pool_size(opts: Options) -> int | None:
+    """The pool size the stack sets for every component (None: none, Airflow's own 5)."""
+    if opts.db_pool == DB_POOL_AIRFLOW:
+        return None
+    if opts.db_pool == DB_POOL_HEADROOM:
+        return opts.parallelism + POOL_HEADROOM
+    return int(opts.db_pool)
+
+
+def pool_settings(opts: Options) -> Json:
+    """Each component's pool as the stack configures it: ``--db-pool``, then what ``--airflow-env``
+    sets (pool size, max overflow, a ``pool_timeout`` in the engine args)."""
+    size = db_pool_size(opts)
+    out: Json = {
+        "db_pool": opts.db_pool,
+        "pool_size": AIRFLOW_POOL_SIZE if size is None else size,
+        "max_overflow": AIRFLOW_MAX_OVERFLOW,
+        "pool_timeout_s": SQLALCHEMY_POOL_TIMEOUT,
+    }
+    env = opts.airflow_env
+    for key, name in (("pool_size", POOL_SIZE_ENV), ("max_overflow", MAX_OVERFLOW_ENV)):
+        with contextlib.suppress(KeyError, ValueError):
+            out[key] = int(env[name])
+    try:
+        timeout = json.loads(env[ENGINE_ARGS_ENV]).get("pool_timeout")
+    except (KeyError, ValueError, AttributeError):
+        timeout = None
+    if isinstance(timeout, (int, float)):
+        out["pool_timeout_s"] = float(timeout)
+    return out
+
+
+def pool_text(opts: Options) -> str:
+    """``db pool 24 + 10, timeout 30 s``, with `` (Airflow's)`` for --db-pool airflow."""
+    ps = pool_settings(opts)
+    return f"db pool {ps['pool_size']} + {ps['max_overflow']}, timeout {ps['pool_timeout_s']:g} s" + (
+        " (Airflow's)" if opts.db_pool == DB_POOL_AIRFLOW else ""
+    )
+
+
 def stage_label(stage: int | None, executor: str = "overlay") -> str:
     """How a stage is named in the comparison table: "stage 0", "stage 9", "full series"; with
     ``--executor celery`` only task-sdk's supervisor changes: "unpatched", "fixed"."""
@@ -277,6 +337,8 @@ class Options:
     reap_sigchld: bool = False
     # --core: the apache-airflow-core release the venv gets, one the line covers ("": its pinned version).
     core: str = ""
+    # --db-pool: DB_POOL_HEADROOM, DB_POOL_AIRFLOW or a pool size (digits); see db_pool_size().
+    db_pool: str = DB_POOL_HEADROOM
 
     @property
     def release(self) -> str:
@@ -692,6 +754,12 @@ def stuck_in_queued(scheduler_log: Path) -> tuple[int, int]:
     return text.count(QT_REQUEUED), text.count(QT_FAILED)
 
 
+def component_pool_timeouts(logs: Path) -> dict[str, int]:
+    """Each component's database pool timeouts, from its log in ``logs`` (api-server first)."""
+    found = sorted(logs.glob("*.log"), key=lambda p: (p.stem != "api-server", p.stem))
+    return {p.stem: n for p in found if (n := throughput.pool_timeouts(p)) is not None}
+
+
 def _cpu_by_component(stack: AirflowStack) -> dict[str, float]:
     """CPU seconds each component has used so far: the scheduler's own process (its threads, the
     executor's included) apart from its workers and their task processes."""
@@ -852,7 +920,7 @@ class ScenarioRunner:
             parallelism=self.opts.parallelism,
             task_seconds=self.opts.task_seconds,
             extra_env=extra_env,
-            db_pool_size=self.opts.parallelism + POOL_HEADROOM,
+            db_pool_size=db_pool_size(self.opts),
         )
         if name == "throughput":
             # A slow stage's queue may well be 30 s deep; a requeue would change what is measured.
@@ -976,6 +1044,12 @@ class ScenarioRunner:
             finally:
                 # also on a Ctrl-C while the figures above are read: nothing of the stack stays up
                 stop_info = stack.stop()
+            run.extra["pool_timeouts"] = component_pool_timeouts(home / "logs")
+            if any(run.extra["pool_timeouts"].values()):
+                run.event(
+                    "database pool timeouts (the components' logs): "
+                    + ", ".join(f"{k} {v}" for k, v in run.extra["pool_timeouts"].items())
+                )
             if name == "queued-timeout":
                 requeued, failed = stuck_in_queued(home / "logs" / "scheduler.log")
                 run.extra["stuck_in_queued"] = {"requeued": requeued, "failed": failed}
@@ -995,6 +1069,7 @@ class ScenarioRunner:
                     else home / "logs" / "scheduler.log"
                 ),
                 min_heartbeat_interval=self.opts.min_heartbeat_interval,
+                api_log=home / "logs" / "api-server.log",
             )
             run.extra["throughput"] = fig.as_json()
             run.extra["throughput_summary"] = fig.text()
@@ -1162,6 +1237,7 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
         combined = {
             "compare_stages": [stage_label(s, opts.executor) for s in stages],
             "rounds": opts.rounds,
+            "db_pool": pool_settings(opts),
             "airflow_env": opts.airflow_env,
             "started": stamp,
             "session_s": round(time.monotonic() - t_session, 1),
@@ -1205,8 +1281,8 @@ def _stage_session(
     say(
         f"e2e {opts.line.name} (apache-airflow {opts.release}, task-sdk {opts.task_sdk}): "
         f"executor = {source.label}, "
-        f"sha256 {source.sha256[:12]}, installed via {how}; db {opts.db}; parallelism {opts.parallelism}"
-        + "".join(f"; {name}={value}" for name, value in opts.airflow_env.items())
+        f"sha256 {source.sha256[:12]}, installed via {how}; db {opts.db}; parallelism {opts.parallelism}; "
+        f"{pool_text(opts)}" + "".join(f"; {name}={value}" for name, value in opts.airflow_env.items())
     )
     t_session = time.monotonic()
     runner = ScenarioRunner(opts, venv.path, workdir, pg, say, broker_url)
@@ -1237,6 +1313,7 @@ def _stage_session(
         "stop_bound_s": opts.stop_bound,
         "task_seconds": opts.task_seconds,
         "min_heartbeat_interval": opts.min_heartbeat_interval,
+        "db_pool": pool_settings(opts),
         "airflow_env": opts.airflow_env,
         "started": stamp,
         "session_s": round(time.monotonic() - t_session, 1),
@@ -1269,6 +1346,8 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
             figs = [
                 throughput.Figures(**sc["extra"]["throughput"]) for sc in ok if sc["extra"].get("throughput")
             ]
+            # Failed tasks and pool timeouts of every round: a failed round is where they are.
+            every = [(sc or {}).get("extra", {}).get("throughput") or {} for sc in runs]
             rows.append(
                 throughput.StageRow(
                     stage_label(stage, opts.executor),
@@ -1277,6 +1356,8 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                     tuple(f.wall_s for f in figs),
                     runs=len(runs),
                     runs_ok=len(ok),
+                    failed=tuple(t.get("failed") for t in every),
+                    pool_timeouts=tuple(t.get("pool_timeouts") for t in every),
                 )
             )
             traced.append(
@@ -1300,7 +1381,7 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                 f"{name}: {opts.tasks} no-op tasks at parallelism {opts.parallelism}, "
                 f"{opts.line.label}"
                 + (f" on apache-airflow-core {opts.release}" if opts.release != opts.line.version else "")
-                + f", {opts.db}"
+                + f", {opts.db}, {pool_text(opts)}"
                 + (", CeleryExecutor, task-sdk's supervisor" if opts.executor == "celery" else "")
                 + f"; ratios to {rows[0].label}"
                 + (f"; medians of {n} rounds" if n > 1 else "")
@@ -1314,7 +1395,7 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
 def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) -> str:
     lines = [
         f"e2e {opts.line.name} ({opts.release}, task-sdk {opts.task_sdk}), {label}, {opts.db}, "
-        f"parallelism {opts.parallelism}",
+        f"parallelism {opts.parallelism}, {pool_text(opts)}",
         f"{'scenario':<18}{'result':<8}{'run':<10}{'ready':>7}{'run time':>10}  detail",
     ]
     for r in results:

@@ -28,8 +28,21 @@ stalls
     that interval (5 s by default). The executor cannot give that worker anything meanwhile,
     whatever its stage: a run with many stalls is slower for a reason outside the executor, so read
     the walls with this column.
+failed
+    task instances the API lists as ``failed`` (the throughput DAG has ``retries=0``).
+api-server pool timeouts
+    requests the api-server failed because its SQLAlchemy pool had no connection for them within
+    ``pool_timeout`` (SQLAlchemy's ``QueuePool limit of size N overflow M reached, connection timed
+    out, timeout T``), counted from its log by ``pool_timeouts``: a task supervisor whose start
+    (``PATCH .../run``) waits there gives up after ``[workers] execution_api_timeout`` (5 s) and
+    retries, and the start fails when the request that did get through finds the task no longer
+    queued. The e2e stack's pool (``--db-pool``, :mod:`tools.measure.e2e.driver`) decides whether
+    this happens at all; it is not the executor's doing.
 
 The table's ``q>s`` columns are queued-to-start, ``s>s`` scheduled-to-start.
+The table's ``failed`` and ``pool t/o`` columns give each round's count, every round (a failed
+round's too: those are the rounds that have them), where the other columns hold the medians of
+the passed rounds.
 ``median_of`` folds several rounds of one stage into one row (field-wise medians).
 ``compare`` puts one row per stage next to the first stage's (normally stage 0, the unpatched
 base) as ratios, and ``target_misses`` checks issue 15's targets: with >= ``LARGE_RUN`` tasks,
@@ -59,6 +72,16 @@ DEFAULT_MIN_HEARTBEAT_INTERVAL = 5.0  # Airflow's [workers] min_heartbeat_interv
 _FINISHED = re.compile(
     r"(?:Task|Workload) finished.*?duration=([0-9.]+).*?(?:task_instance_id|workload_id)=([0-9a-f-]+)"
 )
+# SQLAlchemy's QueuePool (sqlalchemy/pool/impl.py, 2.0): "QueuePool limit of size %d overflow %d
+# reached, connection timed out, timeout %0.2f"; the async engine's pool raises the same text.
+POOL_TIMEOUT_TEXT = "QueuePool limit of size"
+# A log record starts with its timestamp (Airflow's console format) or is one JSON object; the lines
+# after it up to the next record (a traceback) belong to it.
+_RECORD_START = re.compile(r'^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d|\{")', re.MULTILINE)
+# uvicorn logs every exception a request raised once, with this event; the execution API's own
+# handler logs it once before that (``Handle died with an error``) and re-raises it to uvicorn.
+ASGI_ERROR = "Exception in ASGI application"
+EXECUTION_API_ERROR = "Handle died with an error"
 
 
 def parse_ts(ts: str | None) -> datetime | None:
@@ -93,6 +116,8 @@ class Figures:
     s2s_p50_s: float | None = None
     s2s_p95_s: float | None = None
     stalls: float | None = None  # a count; a float only as the median of several rounds
+    failed: float | None = None  # task instances in state failed (a count, as stalls)
+    pool_timeouts: float | None = None  # the api-server's pool timeouts (a count; None: no log)
 
     def as_json(self) -> dict[str, Any]:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -104,7 +129,8 @@ class Figures:
             f"queued-to-start p50 {_f(self.q2s_p50_s, 's', 2)}, p95 {_f(self.q2s_p95_s, 's', 2)}, "
             f"max {_f(self.q2s_max_s, 's', 2)}; scheduled-to-start p50 {_f(self.s2s_p50_s, 's', 2)}, "
             f"p95 {_f(self.s2s_p95_s, 's', 2)}; run start->end {_f(self.run_wall_s, 's')}; "
-            f"supervisor stalls {_f(self.stalls, '', 0)}"
+            f"supervisor stalls {_f(self.stalls, '', 0)}; failed {_f(self.failed, '', 0)}; "
+            f"api-server pool timeouts {_f(self.pool_timeouts, '', 0)}"
         )
 
 
@@ -135,13 +161,53 @@ def stalls(
     return count
 
 
+def _records(text: str) -> list[str]:
+    """A log's records: each timestamped (or JSON) line with the lines that follow it."""
+    starts = [m.start() for m in _RECORD_START.finditer(text)]
+    if not starts or starts[0] != 0:
+        starts.insert(0, 0)
+    return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
+
+
+def pool_timeouts(log: Path) -> int | None:
+    """How many times a component failed to get a database connection within ``pool_timeout``
+    (None: no log).
+
+    Each log record (a line and its traceback) that carries SQLAlchemy's message is one timeout,
+    except that a request's timeout is logged twice by the api-server: uvicorn's
+    ``Exception in ASGI application`` for every request that raised, and before it the execution
+    API's ``Handle died with an error``. Of those two kinds the larger count is taken (each is at
+    most one per request), and records of any other kind are added.
+    """
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    if POOL_TIMEOUT_TEXT not in text:
+        return 0
+    asgi = handled = other = 0
+    for record in _records(text):
+        if POOL_TIMEOUT_TEXT not in record:
+            continue
+        head = record.split("\n", 1)[0]
+        if ASGI_ERROR in head:
+            asgi += 1
+        elif EXECUTION_API_ERROR in head:
+            handled += 1
+        else:
+            other += 1
+    return max(asgi, handled) + other
+
+
 def figures(
     tis: Iterable[dict[str, Any]],
     run: dict[str, Any] | None = None,
     scheduler_log: Path | None = None,
     min_heartbeat_interval: float | None = None,
+    api_log: Path | None = None,
 ) -> Figures:
-    """The figures of one run from the API's task-instance records (and the run record)."""
+    """The figures of one run from the API's task-instance records (and the run record); the
+    stalls from ``scheduler_log`` and the pool timeouts from ``api_log`` (the api-server's)."""
     tis = list(tis)
     queued = [q for q in (parse_ts(d.get("queued_when")) for d in tis) if q is not None]
     ends = [e for e in (parse_ts(d.get("end_date")) for d in tis) if e is not None]
@@ -168,6 +234,8 @@ def figures(
         s2s_p50_s=percentile(whole, 50),
         s2s_p95_s=percentile(whole, 95),
         stalls=None if scheduler_log is None else stalls(tis, scheduler_log, min_heartbeat_interval),
+        failed=sum(1 for d in tis if d.get("state") == "failed"),
+        pool_timeouts=None if api_log is None else pool_timeouts(api_log),
     )
 
 
@@ -184,6 +252,9 @@ class StageRow:
     walls: tuple[float | None, ...] = ()  # each passed round's wall time
     runs: int = 1  # rounds run
     runs_ok: int | None = None  # rounds passed (None: as ``passed`` says)
+    # Each round's failed tasks and api-server pool timeouts, every round (None: no figures)
+    failed: tuple[float | None, ...] = ()
+    pool_timeouts: tuple[float | None, ...] = ()
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -227,13 +298,19 @@ def _r(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _per_round(values: tuple[float | None, ...], single: float | None) -> str:
+    """Each round's count, comma-separated (``single``: the one run's, when the row has no rounds)."""
+    return ",".join(_f(v, "", 0) for v in (values or (single,)))
+
+
 def compare(rows: Sequence[StageRow], title: str) -> str:
     """The comparison table: the first row is the base every ratio is taken against. With
-    several rounds each row holds the medians, and ends with each round's wall time."""
+    several rounds each row holds the medians of the passed rounds, each round's failed tasks and
+    pool timeouts (every round), and ends with each passed round's wall time."""
     head = (
         f"{'executor':<14}{'result':<7}{'tasks':>7}{'wall':>8}{'tasks/s':>9}{'x base':>8}"
         f"{'q>s p50':>9}{'q>s p95':>9}{'p95 x':>7}{'s>s p95':>9}{'wall x':>8}{'stalls':>7}"
-        "  targets (issue 15)"
+        f"{'failed':>9}{'pool t/o':>9}  targets (issue 15)"
     )
     out = [title, head]
     base = rows[0].fig if rows else None
@@ -242,8 +319,14 @@ def compare(rows: Sequence[StageRow], title: str) -> str:
         result = "ok" if r.passed else "FAIL"
         if r.runs > 1 and r.runs_ok is not None:
             result = f"{r.runs_ok}/{r.runs}"
+        failed = _per_round(r.failed, f.failed if f else None)
+        pool = _per_round(r.pool_timeouts, f.pool_timeouts if f else None)
         if f is None:
-            out.append(f"{r.label:<14}{result:<7}{'-':>7}  (no figures)")
+            known = any(v is not None for v in (*r.failed, *r.pool_timeouts))
+            out.append(
+                f"{r.label:<14}{result:<7}{'-':>7}  (no figures)"
+                + (f" failed {failed}, pool timeouts {pool}" if known else "")
+            )
             continue
         if i == 0 or base is None:
             verdict = "(base)"
@@ -255,7 +338,8 @@ def compare(rows: Sequence[StageRow], title: str) -> str:
             f"{_r(ratio(f.tasks_per_s, base.tasks_per_s if base else None)):>8}"
             f"{_f(f.q2s_p50_s, 's', 2):>9}{_f(f.q2s_p95_s, 's', 2):>9}"
             f"{_r(ratio(f.q2s_p95_s, base.q2s_p95_s if base else None)):>7}{_f(f.s2s_p95_s, 's', 2):>9}"
-            f"{_r(ratio(f.wall_s, base.wall_s if base else None)):>8}{_f(f.stalls, '', 0):>7}  {verdict}"
+            f"{_r(ratio(f.wall_s, base.wall_s if base else None)):>8}{_f(f.stalls, '', 0):>7}"
+            f"{failed:>9}{pool:>9}  {verdict}"
             + (f" (walls {', '.join(_f(w, 's') for w in r.walls)})" if len(r.walls) > 1 else "")
         )
     return "\n".join(out)
