@@ -738,29 +738,31 @@ def run_apply(
         for d in diffs:
             print(d, file=out)
         ok = not diffs
+    verdict = ""  # printed last, after the churn table: the line a reader (or a script) looks at
     if ok:
         if write:
             written = engine.write_derived(results)
             report["written"] = written
             for rel in written:
                 print(f"wrote: {rel}", file=out)
-            print(f"derived files: {len(written)} written", file=out)
+            verdict = f"derived files: {len(written)} written"
         else:
             drift = engine.drift(results)
             report["drift"] = drift
             for d in drift:
                 print(d, file=out)
             if drift:
-                print("derived files drifted: regenerate with `nox -s apply -- --write`", file=out)
+                verdict = "derived files drifted: regenerate with `nox -s apply -- --write`"
                 ok = False
             else:
-                print("derived files: up to date", file=out)
+                verdict = "derived files: up to date"
     else:
-        print("nothing written: fix the failure first", file=out)
+        verdict = "nothing written: fix the failure first"
     churns = [churn.line_churn(name, r.stages, engine.series) for name, r in results.items() if r.ok]
     report["churn"] = {c.line: c.to_json() for c in churns}
     if churns:
         print(churn.render_table(churns), file=out)
+    print(verdict, file=out)
     report["ok"] = ok
     report["seconds"] = round(time.monotonic() - started, 2)
     json_path = json_path or engine.layout.build / "apply.json"
