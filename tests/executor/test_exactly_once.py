@@ -47,7 +47,7 @@ from harness import (
     wait_until,
 )
 
-EXACTLY_ONCE_PATCH = "0011-account-for-every-localexecutor-dispatch-exactly-once.patch"
+EXACTLY_ONCE_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 
 
 def _starts(started_dir: str) -> dict[str, int]:
@@ -235,7 +235,7 @@ def test_workload_whose_worker_died_before_starting_it_runs_on_another_worker(st
 # A worker that dies after task-sdk spawned its task process (no at-fork handler ran).
 # --------------------------------------------------------------------------------------
 
-SPAWNED_START_PATCH = "0016-acknowledge-a-start-when-task-sdk-spawns-the-task-process.patch"
+SPAWNED_START_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 
 
 def worker_dies_after_its_spawned_task_started() -> dict:

@@ -41,7 +41,7 @@ from harness import (
     wait_until,
 )
 
-ROOM_PATCH = "0012-take-nothing-into-the-prefetch-room-while-tasks-run-long.patch"
+ROOM_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 
 # A quarter of it is what a task must run to count as long: 2 s here (30 s by default).
 QUEUED_TIMEOUT = 8.0

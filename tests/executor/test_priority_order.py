@@ -45,9 +45,9 @@ from harness import (
     wait_until,
 )
 
-NO_THREAD_PATCH = "0018-keep-localexecutor-workers-busy-without-a-thread.patch"
+NO_THREAD_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 # The prefetch room came with it (on by default until patch 18 turned it off on 3.4).
-ROOM_PATCH = "0010-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
+ROOM_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 # Starts closer than this are the same scheduler loop's (the low tasks run 0.3 s each).
 SAME_TIME = 0.1
 

@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 from harness import dispatch, key_of, make_workload, new_executor, read_marks, run_scenario, wait_until
 
-SIGTERM_PATCH = "0009-kill-a-dead-localexecutor-workers-task-processes.patch"
+SIGTERM_PATCH = "0008-kill-a-dead-localexecutor-workers-task-processes.patch"
 
 
 def _dead(pid: int) -> bool:
