@@ -43,7 +43,6 @@ from harness import (
 )
 
 LOOP_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
-NO_THREAD_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 
 
 def _started(started_dir: str, task_id: str) -> bool:

@@ -145,3 +145,38 @@ def test_terminate_stops_sixteen_busy_workers_with_sigterm_alone() -> None:
     assert outcome["alive"] == [], outcome
     # Each died of its SIGTERM: none waited out 0.2 s for a SIGKILL (3.2 s for 16, one after another).
     assert outcome["exitcodes"] == [-signal.SIGTERM], outcome
+
+
+def terminate_eight_workers_that_ignore_sigterm() -> dict[str, Any]:
+    executor = new_executor(8)
+    started_dir = tempfile.mkdtemp()
+    fake = {"started_dir": started_dir, "sleep": 120, "no_fork": True, "ignore_sigterm": True}
+    dispatch(executor, [make_workload(f"stubborn_{i}", fake=fake) for i in range(8)])
+
+    def all_started() -> bool:
+        executor.sync()
+        return len(os.listdir(started_dir)) == 8
+
+    started = wait_until(all_started, timeout=60)
+    procs = list(executor.workers.values())
+    t0 = time.monotonic()
+    executor.terminate()
+    return {
+        "all_started": started,
+        "seconds": round(time.monotonic() - t0, 2),
+        "alive": [p.pid for p in procs if not _dead(p.pid)],
+        "exitcodes": sorted({_exitcode(p) for p in procs}, key=str),
+    }
+
+
+@pytest.mark.fixed_by(SIGTERM_PATCH)
+def test_terminate_stops_workers_that_ignore_sigterm_together(start_method: str) -> None:
+    # task-sdk 1.4's supervisor defers SIGTERM while a task runs. One after another, each such worker
+    # cost its 0.2 s wait before its SIGKILL: 1.6 s for 8; together, one wait.
+    outcome = run_scenario(
+        terminate_eight_workers_that_ignore_sigterm, start_method=start_method, deadline=90
+    )
+    assert outcome["all_started"], outcome
+    assert outcome["alive"] == [], outcome
+    assert outcome["exitcodes"] == [-signal.SIGKILL], outcome
+    assert outcome["seconds"] < 1.0, outcome
