@@ -31,6 +31,7 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -200,15 +201,17 @@ def task_process_that_forks() -> dict:
     from airflow.executors import local_executor
 
     started = getattr(local_executor, "STARTED", None)
+    acknowledged: list[object] = []
+    read = local_executor._ResultReader.read
+
+    def counting_read(self: object) -> Iterator[object]:
+        for result in read(self):
+            if isinstance(result, tuple) and result[1] == started:
+                acknowledged.append(result[0])
+            yield result
+
+    local_executor._ResultReader.read = counting_read
     executor = new_executor(1)
-    frames: list[str] = []
-    handle = executor._handle_result
-
-    def record(pid: int, key: object, state: object, exc: object) -> None:
-        frames.append(str(state))
-        handle(pid, key, state, exc)
-
-    executor._handle_result = record
     task = make_workload("task", fake={"task_process_forks": 3})
     dispatch(executor, [task])
     states = wait_for_states(executor, [key_of(task)], timeout=30)
@@ -216,8 +219,7 @@ def task_process_that_forks() -> dict:
         executor.sync()
         time.sleep(0.01)
     executor.end()
-    acknowledgements = sum(1 for f in frames if f == started) if started else None
-    return {"states": states, "start acknowledgements": acknowledgements}
+    return {"states": states, "start acknowledgements": len(acknowledged) if started else None}
 
 
 def test_a_task_process_that_forks_writes_no_start_acknowledgement(start_method):
