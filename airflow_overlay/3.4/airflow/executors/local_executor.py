@@ -395,6 +395,8 @@ def _worker_process() -> type[multiprocessing.Process]:
 
 def _forks_task_process(workload: object) -> bool:
     """Whether task-sdk starts ``workload``'s first process with ``fork()``, which runs the at-fork hook."""
+    import importlib
+
     from airflow.sdk.execution_time import supervisor
 
     # task-sdk 1.4 spawns on macOS and with [core] execute_tasks_new_python_interpreter; before, it forks.
@@ -403,7 +405,7 @@ def _forks_task_process(workload: object) -> bool:
         return False
     ti = getattr(workload, "ti", None)
     try:
-        from airflow.sdk.execution_time import coordinator
+        coordinator = importlib.import_module("airflow.sdk.execution_time.coordinator")
     except ImportError:  # before task-sdk 1.4: every task process is forked
         return True
     if ti is None:
@@ -1016,12 +1018,12 @@ class LocalExecutor(BaseExecutor):
                             result.size,
                             result.error,
                         )
-                        if key is None:
-                            continue
-                        error = (
-                            f"LocalExecutor could not read the result worker pid={pid} sent: {result.error}"
-                        )
-                        result = (key, state_class_for_key(key).FAILED, error)
+                        if key is not None:
+                            error = f"LocalExecutor could not read the result worker pid={pid} sent"
+                            self._handle_result(
+                                pid, key, state_class_for_key(key).FAILED, f"{error}: {result.error}"
+                            )
+                        continue
                     self._handle_result(pid, *result)
 
     def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState | str | None, exc) -> None:
