@@ -272,12 +272,21 @@ def test_workload_whose_worker_died_before_starting_it_runs_on_another_worker(st
 # --------------------------------------------------------------------------------------
 
 
-def worker_dies_after_its_spawned_task_started() -> dict:
-    # task-sdk 1.4 starts the task process with posix_spawn when this is set (and on macOS).
-    os.environ["AIRFLOW__CORE__EXECUTE_TASKS_NEW_PYTHON_INTERPRETER"] = "True"
+def worker_dies_after_its_task_started_without_fork(routed: bool) -> dict:
+    if routed:
+        # task-sdk 1.4 starts a task routed to another runtime's coordinator with subprocess. The
+        # coordinator is never built: the worker only asks which one the task's queue has.
+        os.environ["AIRFLOW__SDK__COORDINATORS"] = json.dumps(
+            {"other": {"classpath": "airflow.sdk.execution_time.coordinator.BaseCoordinator"}}
+        )
+        os.environ["AIRFLOW__SDK__QUEUE_TO_COORDINATOR"] = json.dumps({"other-runtime": "other"})
+    else:
+        # task-sdk 1.4 starts the task process with posix_spawn when this is set (and on macOS).
+        os.environ["AIRFLOW__CORE__EXECUTE_TASKS_NEW_PYTHON_INTERPRETER"] = "True"
     executor = new_executor(1)
     marks = str(Path(tempfile.mkdtemp(), "marks"))
-    task = make_workload("task", fake={"marks": marks, "mark_for": 2.0})
+    queue = "other-runtime" if routed else "default"
+    task = make_workload("task", fake={"marks": marks, "mark_for": 2.0}, queue=queue)
     dispatch(executor, [task])
     wait_until(lambda: read_marks(marks), timeout=30)
     (worker,) = executor.workers
@@ -290,35 +299,17 @@ def worker_dies_after_its_spawned_task_started() -> dict:
 
 def test_worker_killed_after_spawning_its_task_process_fails_its_key_once(start_method):
     # Before the fix the spawned start was never acknowledged: the key went to a new worker and ran twice.
-    outcome = run_scenario(worker_dies_after_its_spawned_task_started, start_method=start_method, deadline=60)
-    assert outcome == {"states": {"task": "failed"}, "task processes": 1}
-
-
-def worker_dies_after_its_coordinator_task_started() -> dict:
-    # task-sdk 1.4 starts a task routed to another runtime's coordinator with subprocess: no at-fork
-    # handler runs there. The coordinator is never built: the worker only asks which one a queue has.
-    os.environ["AIRFLOW__SDK__COORDINATORS"] = json.dumps(
-        {"other": {"classpath": "airflow.sdk.execution_time.coordinator.BaseCoordinator"}}
+    outcome = run_scenario(
+        worker_dies_after_its_task_started_without_fork, start_method=start_method, deadline=60, routed=False
     )
-    os.environ["AIRFLOW__SDK__QUEUE_TO_COORDINATOR"] = json.dumps({"other-runtime": "other"})
-    executor = new_executor(1)
-    marks = str(Path(tempfile.mkdtemp(), "marks"))
-    task = make_workload("task", fake={"marks": marks, "mark_for": 2.0}, queue="other-runtime")
-    dispatch(executor, [task])
-    wait_until(lambda: read_marks(marks), timeout=30)
-    (worker,) = executor.workers
-    os.kill(worker, signal.SIGKILL)
-    states = wait_for_states(executor, [key_of(task)], timeout=30)
-    time.sleep(0.5)  # what a second dispatch of it would have marked by now
-    executor.end()
-    return {"states": states, "task processes": len({pid for _, pid, _ in read_marks(marks)})}
+    assert outcome == {"states": {"task": "failed"}, "task processes": 1}
 
 
 def test_worker_killed_mid_task_of_another_runtime_fails_its_key_once(start_method):
     # Its start was acknowledged only when the workload returned: the key went to a new worker, and the
     # second run met a task instance already running (409 from the API server).
     outcome = run_scenario(
-        worker_dies_after_its_coordinator_task_started, start_method=start_method, deadline=60
+        worker_dies_after_its_task_started_without_fork, start_method=start_method, deadline=60, routed=True
     )
     assert outcome == {"states": {"task": "failed"}, "task processes": 1}
 
