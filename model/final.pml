@@ -1,17 +1,16 @@
 /*
- * The final stage (patches 8 to 18): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
+ * The final stage (patches 7 to 10): airflow_overlay/3.3/airflow/executors/local_executor.py, as recorded in
  * model/overlay.sha256 (review this model whenever that file changes, then `python -m tools model
  * --rehash`).
  *
  * One input pipe and one result pipe per worker slot, each with one writer and one reader; a workload
  * goes only to an idle worker; results are read without blocking and a frame is delivered only once
- * complete; a dead worker is found by waitid(WNOWAIT) (_exited) and handled in _reap_workers: patch 9
+ * complete; a dead worker is found by waitid(WNOWAIT) (_exited) and handled in _reap_workers: patch 8
  * first SIGKILLs what the worker started (its session), which touches no pipe or key and is not
  * modelled, then calls _reap_worker, modelled as one step.
  *
- * One executor thread (patch 18: patches 10 to 17 had a second one, a handoff thread that wrote
- * workloads while the scheduler slept; patch 18 removes it, with the executor's lock and its wakeup
- * pipe). The scheduler's thread (proctype Executor) is the only reader of results and the only writer of
+ * One executor thread (patch 9 keeps the workers busy from the scheduler's own thread, starting none).
+ * The scheduler's thread (proctype Executor) is the only reader of results and the only writer of
  * workloads, and changes state only in blocks with SIGTERM and SIGINT held off ("with self._held_off:"):
  * _process_workloads' and _check_workers' (from sync(), and right after _process_workloads).
  * slots_available and slots_occupied run the same block without reaping and without starting workers
@@ -26,21 +25,20 @@
  * dies first makes it fail (EPIPE): the workload goes back to the front of _pending and the worker is
  * reaped. SIGTERM (up to TERMS times) is handled only between the scheduler's blocks (a held-off one is
  * re-raised right after its block), at any point of its loop but never part way through a write; then
- * the scheduler calls end(). The prefetch (how many workloads the scheduler hands over, when patch 12
- * closes the room to them, its size from [local_executor] config, patch 13, and since patch 18 the
- * priority order of _pending) is not modelled: all K, of one priority, are handed over in one
- * _process_workloads batch.
+ * the scheduler calls end(). Patch 9's prefetch (how many workloads the scheduler hands over, when
+ * the room closes to them, its size from [local_executor] config, and the priority order of
+ * _pending) is not modelled: all K, of one priority, are handed over in one _process_workloads batch.
  *
- * Patch 11's start acknowledgement: a worker writes a STARTED frame (ACKF units) as soon as it has
+ * Patch 9's start acknowledgement: a worker writes a STARTED frame (ACKF units) as soon as it has
  * forked the task process ("os.register_at_fork(after_in_parent=acknowledge_start)"); a workload whose
  * worker died before that frame was read is put back at the front of _pending (up to MAXRD times) and
  * goes to another worker, one that started is failed. The task process forked before the frame dies
  * with the worker's session (_kill_left_behind, not modelled); the model takes, as the overlay does,
  * that it has done nothing worth keeping before the frame is complete: ranby[k] (the task started) is
  * set once it is (-DNOACK leaves the acknowledgement out: a third of the states, every lost workload
- * failed as before patch 11). Patch 16 writes the frame before the workload runs where task-sdk spawns
- * the task process (no at-fork handler runs there): the same order, frame first, so the same model.
- * Patch 17 (spawn where the start method is forkserver) changes how a worker starts, not the protocol.
+ * failed as before patch 9). Where task-sdk spawns the task process (no at-fork handler runs there)
+ * the worker writes the frame before the workload runs: the same order, frame first, so the same model.
+ * Patch 8's spawn where the start method is forkserver changes how a worker starts, not the protocol.
  * SIGKILL of any worker at any step (the Killer, up to KILLS times).
  *
  * Keys are 1..K; a worker sends a running frame (RUNF units), a STARTED frame (ACKF units) and a
@@ -111,7 +109,6 @@ byte pq[K];            /* self._pending */
 byte pqn;
 byte dcount[K + 1];    /* self._dispatch_counts; nonzero: the key is in self.running */
 byte rd[K + 1];        /* self._redispatched */
-byte arr[K + 1];       /* self._arrived: the pid of a released terminal result of the key, read, not applied */
 byte outcome[K + 1];
 byte ranby[K + 1];     /* _pid of the worker that started the key */
 byte kills;
@@ -225,15 +222,24 @@ inline end_dispatch(k, how) {
 }
 
 inline collect_frame(w, k, st) {
-    /* _collect: "if state == STARTED: if self._worker_tasks.get(pid) == key: self._unstarted.pop(pid, None)";
-       "released = state is not None and state != ... and self._worker_tasks.get(pid) == key";
-       "if released:" ... "del self._worker_tasks[pid]"; "self._arrived.append((pid, key, ..., exc, dispatch, released))".
-       A result that is not released is a no-op once applied (_handle_result: "elif released or
-       self._worker_tasks.get(pid) == key:" cannot hold later: the key goes to another pid only once
-       this one is reaped), and so is a running one: only released ones are kept. */
+    /* _handle_result, as _read_results reads each frame: "if state == STARTED: if held:
+       self._unstarted.pop(pid, None)"; a terminal one of the key the worker holds: "del
+       self._worker_tasks[pid]" ... "self._finish_dispatch(key, state, exc, dispatch, pid)", which reports
+       it "elif key in self.running". A running one, or one of a key the worker no longer holds, is a no-op
+       (the key goes to another pid only once this one is reaped). Each key is dispatched once here, so no
+       dispatch is ever stale (_stale: an earlier dispatch of a key dispatched again, whose end is logged
+       and dropped) */
     if
     :: st == ST_STARTED && wkey[w] == k -> unst[w] = false
-    :: st == ST_DONE && wkey[w] == k -> unst[w] = false; wkey[w] = 0; arr[k] = wpid[w]
+    :: st == ST_DONE && wkey[w] == k ->
+       unst[w] = false; wkey[w] = 0;
+       if
+       :: dcount[k] > 0 ->
+          /* no result is reported for a key other than its own: it came from the worker that ran it */
+          assert(ranby[k] == wpid[w]);
+          end_dispatch(k, SUCCESS)
+       :: else
+       fi
     :: else
     fi
 }
@@ -256,31 +262,9 @@ inline read_output(w) {
 }
 
 inline collect_all() {
-    /* _collect: "for pid in list(self._outputs) if pids is None else pids:" */
+    /* _read_results: "for pid in list(self._outputs) if pids is None else pids:" */
     for (i : 0 .. N - 1) {
         if :: inuse[i] -> read_output(i) :: else fi
-    }
-}
-
-inline apply_arrived() {
-    /* _apply_arrived: "self._handle_result(pid, key, state, exc, dispatch, released=released)":
-       "self._finish_dispatch(key, state, exc, dispatch, pid)", which reports it "elif key in self.running"
-       (the pid is still in self.workers: _reap_worker applies what arrived before "del self.workers[pid]").
-       Each key is dispatched once here, so no dispatch is ever stale (_stale: an earlier dispatch of a key
-       dispatched again, whose end is logged and dropped) */
-    for (n : 1 .. K) {
-        if
-        :: arr[n] != 0 ->
-           if
-           :: dcount[n] > 0 ->
-              /* no result is reported for a key other than its own: it came from the worker that ran it */
-              assert(ranby[n] == arr[n]);
-              end_dispatch(n, SUCCESS)
-           :: else
-           fi;
-           arr[n] = 0
-        :: else
-        fi
     }
 }
 
@@ -304,9 +288,9 @@ inline fail_lost(w) {
 }
 
 inline reap(w) {
-    /* _reap_worker: "self._collect([pid])"; "self._apply_arrived()", drop a partial frame, close both
+    /* _reap_worker: "self._read_results(pids=[pid])", drop a partial frame, close both
        pipes, "del self.workers[pid]", join, "self._fail_lost_workload(pid)" */
-    read_output(w); apply_arrived(); inuse[w] = false; rbuf[w] = 0; fail_lost(w)
+    read_output(w); inuse[w] = false; rbuf[w] = 0; fail_lost(w)
 }
 
 inline reap_dead() {
@@ -372,10 +356,10 @@ inline dispatch_pending() {
 }
 
 inline check_workers() {
-    /* _check_workers, one block "with self._held_off:": "self._read_results()" (_collect, _apply_arrived),
+    /* _check_workers, one block "with self._held_off:": "self._read_results()" (each frame applied as it is read),
        reap the dead, then "self._dispatch_pending()" */
     atomic {
-        collect_all(); apply_arrived();
+        collect_all();
         reap_dead();
         i = 0; k = 0; st = 0; n = 0
     };
@@ -445,7 +429,7 @@ sigterm:
     /* "while self.workers: self._read_results(timeout=0.1)"; "self._reap_workers(exited)" */
     do  /* @wait executor: end() "while self.workers": a result or a dead worker */
     :: SLOTS_USED == 0 -> break
-    :: SLOTS_USED > 0 && SOMEREADY -> atomic { collect_all(); apply_arrived(); reap_dead() }  /* @op executor: end() "while self.workers:" */
+    :: SLOTS_USED > 0 && SOMEREADY -> atomic { collect_all(); reap_dead() }  /* @op executor: end() "while self.workers:" */
     od;
     /* finally, "with self._held_off:": "self._undo_dispatches([w for w, _ in unsent], [q for _, q in unsent])":
        every workload no worker took: pending when end() began, or put back in the deque when its worker

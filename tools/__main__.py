@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "tools.delivery.backport",
     "tools.delivery.pr",
     "tools.delivery.upstream_prs",
+    "tools.delivery.upstream_tests",
     "tools.measure.e2e.cli",
     "tools.measure.model",
 )

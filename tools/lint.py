@@ -1,7 +1,8 @@
 """``python -m tools lint-series``: the series and what stands beside it, checked without running it.
 
 It reads every package's records, so it stands above them all: the series' conventions
-(``tools.engine.series``), the standalone PRs' headers (``tools.delivery.upstream_prs``), the series
+(``tools.engine.series``), the standalone PRs' headers (``tools.delivery.upstream_prs``), the diffs to
+upstream's test file and their records (``tools.delivery.upstream_tests``), the series
 applied to every line (``tools.engine.apply``) with its churn ratchet (``tools.engine.churn``),
 and the model's overlay hash (``tools.measure.model``).
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
-from tools.delivery import upstream_prs
+from tools.delivery import upstream_prs, upstream_tests
 from tools.engine import apply as engine_mod
 from tools.engine import churn
 from tools.engine.series import (
@@ -28,8 +29,9 @@ from tools.shared import pins
 from tools.shared.layout import DEFAULT, Layout
 
 
-def lint_series(layout: Layout = DEFAULT) -> list[str]:
-    """Every problem with the series, one line each; empty when the series is sound."""
+def lint_series(layout: Layout = DEFAULT, notes: list[str] | None = None) -> list[str]:
+    """Every problem with the series, one line each; empty when the series is sound. ``notes`` gets
+    what was not checked and why (upstream's reference test file absent, as on a fresh clone)."""
     series = load_series(layout)
     errors = list(series.problems)
     seen: set[str] = set()
@@ -64,6 +66,10 @@ def lint_series(layout: Layout = DEFAULT) -> list[str]:
                 f"patches/resolutions/{line_name}/{name} adds {mark!r}: a place the port left for review"
             )
     errors += upstream_prs.lint(layout)
+    problems, skipped = upstream_tests.check(layout, series.names)
+    errors += problems
+    if notes is not None:
+        notes.extend(skipped)
     for where, lineno, name in fixed_by_markers(layout, series):
         if name not in seen:
             at = f"{where}:{lineno}" if lineno else where
@@ -103,8 +109,8 @@ def churn_problems(
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
-    errors = lint_series()
     notes: list[str] = []
+    errors = lint_series(notes=notes)
     if not errors:
         errors = lint_against_engine(notes=notes)
     for note in notes:

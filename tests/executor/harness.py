@@ -519,13 +519,20 @@ def fake_run(workload: Any) -> None:
     # the way this line's task-sdk does (task_process_layout()), unless told not to (a fork of a worker
     # that imported Airflow costs milliseconds of CPU in copy-on-write faults: a thousand of them are
     # most of what a pipe-filling test spends).
+    queue = getattr(ti, "queue", None) if ti is not None else None
     if not spec.get("no_fork"):
-        spawned, own_group = task_process_layout()
+        spawned, own_group = task_process_layout(queue)
         if spawned:
             _spawn("/bin/true", ["true"], own_group)
         else:
             forked = os.fork()
             if forked == 0:
+                # A task process that forks in turn (a multiprocessing pool with fork) runs the at-fork
+                # hooks it inherited from its worker.
+                for _ in range(spec.get("task_process_forks", 0)):
+                    if (grandchild := os.fork()) == 0:
+                        os._exit(0)
+                    os.waitpid(grandchild, 0)
                 os._exit(0)
             os.waitpid(forked, 0)
     if spec.get("ignore_sigterm"):
@@ -535,7 +542,9 @@ def fake_run(workload: Any) -> None:
     if started_dir := spec.get("started_dir"):
         Path(started_dir, f"{workload.ti.task_id}.{os.getpid()}").touch()
     if marks := spec.get("marks"):
-        _run_task_process(marks, spec.get("mark_as", workload.ti.task_id), spec.get("mark_for", 30.0), spec)
+        _run_task_process(
+            marks, spec.get("mark_as", workload.ti.task_id), spec.get("mark_for", 30.0), spec, queue
+        )
     if wait_for := spec.get("wait_for"):
         give_up = time.monotonic() + spec.get("wait_timeout", 60)
         while not os.path.exists(wait_for) and time.monotonic() < give_up:
@@ -559,12 +568,13 @@ class NeedsResponse(Exception):
 MARK_INTERVAL = 0.05  # seconds between two marks of a task process
 
 
-def task_process_layout() -> tuple[bool, bool]:
-    """How this line's task-sdk starts a task process: (with ``posix_spawn``, in a process group of its own).
+def task_process_layout(queue: str | None = None) -> tuple[bool, bool]:
+    """How this line's task-sdk starts a task process: (without ``fork()``, in a process group of its own).
 
     task-sdk 1.3 and 1.4 put it in its own process group (``os.setpgid(0, 0)``); 1.4 spawns it with
-    ``posix_spawn`` on macOS and with ``[core] execute_tasks_new_python_interpreter``, where no at-fork
-    handler runs. 1.1 and 1.2 fork it into the worker's process group.
+    ``posix_spawn`` on macOS and with ``[core] execute_tasks_new_python_interpreter``, and starts a task
+    routed to another runtime's coordinator (``[sdk] queue_to_coordinator``) with subprocess: no at-fork
+    handler runs for either. 1.1 and 1.2 fork it into the worker's process group.
     """
     import inspect
 
@@ -572,7 +582,15 @@ def task_process_layout() -> tuple[bool, bool]:
 
     own_group = "new_process_group" in inspect.signature(supervisor.WatchedSubprocess.start).parameters
     uses_exec = getattr(supervisor, "_task_process_uses_exec", None)
-    return bool(uses_exec is not None and uses_exec()), own_group
+    spawned = bool(uses_exec is not None and uses_exec())
+    if queue is not None and not spawned:
+        try:
+            from airflow.sdk.execution_time import coordinator
+        except ImportError:
+            return False, own_group
+        chosen = coordinator.get_coordinator_manager().for_queue(queue)
+        spawned = type(chosen).__name__ != "_PythonCoordinator"
+    return spawned, own_group
 
 
 def _spawn(path: str, argv: list[str], own_group: bool) -> int:
@@ -593,7 +611,9 @@ def _mark(marks: str, tag: str, seconds: float | str) -> None:
         time.sleep(MARK_INTERVAL)
 
 
-def _run_task_process(marks: str, tag: str, seconds: float, spec: dict[str, Any]) -> None:
+def _run_task_process(
+    marks: str, tag: str, seconds: float, spec: dict[str, Any], queue: str | None = None
+) -> None:
     """
     Start a task process and wait for it, as task-sdk's ``supervise`` does on this line.
 
@@ -603,7 +623,7 @@ def _run_task_process(marks: str, tag: str, seconds: float, spec: dict[str, Any]
     the background and returns. With ``spec["mark_in_own_session"]`` it leaves that work to a
     process in a session of its own and waits for it, as BashOperator's SubprocessHook does.
     """
-    spawned, own_group = task_process_layout()
+    spawned, own_group = task_process_layout(queue)
     if spawned and not (spec.get("mark_detached") or spec.get("mark_in_own_session")):
         # The spawned interpreter imports this file alone (not Airflow) to mark.
         code = "import sys; sys.path.insert(0, sys.argv[1]); import harness; harness._mark(*sys.argv[2:])"
@@ -671,6 +691,7 @@ def make_workload(
     pad: int = 900,
     same_ti_as: Any = None,
     priority_weight: int = 1,
+    queue: str = "default",
 ) -> Any:
     """
     A realistic ``ExecuteTask`` (about 1.7 KB pickled with the default ``pad``).
@@ -691,7 +712,7 @@ def make_workload(
         "try_number": 1,
         "map_index": -1,
         "pool_slots": 1,
-        "queue": "default",
+        "queue": queue,
         "priority_weight": priority_weight,
         "executor_config": {"fake": fake or {}},
     }

@@ -37,7 +37,7 @@ from harness import (
     wait_until,
 )
 
-OWN_QUEUE_PATCH = "0007-give-each-localexecutor-worker-its-own-input-queue.patch"
+OWN_QUEUE_PATCH = "0007-share-no-lock-or-pipe-between-localexecutor-processes.patch"
 
 
 class _Proc:

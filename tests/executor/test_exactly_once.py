@@ -25,11 +25,13 @@ sends back; and a workload whose worker died before it started goes to another w
 from __future__ import annotations
 
 import dis
+import json
 import linecache
 import os
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -47,7 +49,7 @@ from harness import (
     wait_until,
 )
 
-EXACTLY_ONCE_PATCH = "0011-account-for-every-localexecutor-dispatch-exactly-once.patch"
+EXACTLY_ONCE_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 
 
 def _starts(started_dir: str) -> dict[str, int]:
@@ -195,6 +197,40 @@ def test_sigterm_at_any_line_of_a_dispatch_leaves_each_workload_in_exactly_one_p
 
 # --------------------------------------------------------------------------------------
 # A worker that dies before it starts its workload.
+def task_process_that_forks() -> dict:
+    from airflow.executors import local_executor
+
+    started = getattr(local_executor, "STARTED", None)
+    acknowledged: list[object] = []
+    read = local_executor._ResultReader.read
+
+    def counting_read(self: object) -> Iterator[object]:
+        for result in read(self):
+            if isinstance(result, tuple) and result[1] == started:
+                acknowledged.append(result[0])
+            yield result
+
+    local_executor._ResultReader.read = counting_read
+    executor = new_executor(1)
+    task = make_workload("task", fake={"task_process_forks": 3})
+    dispatch(executor, [task])
+    states = wait_for_states(executor, [key_of(task)], timeout=30)
+    for _ in range(20):  # a frame written late would be read by now
+        executor.sync()
+        time.sleep(0.01)
+    executor.end()
+    return {"states": states, "start acknowledgements": len(acknowledged) if started else None}
+
+
+def test_a_task_process_that_forks_writes_no_start_acknowledgement(start_method):
+    # The task process inherits its worker's at-fork hook; each fork it made wrote one more STARTED frame
+    # into the worker's results pipe, where one could land inside a frame the worker was writing.
+    outcome = run_scenario(task_process_that_forks, start_method=start_method, deadline=60)
+    if outcome["start acknowledgements"] is None:
+        pytest.skip("no start acknowledgement before patch 9")
+    assert outcome == {"states": {"task": "success"}, "start acknowledgements": 1}
+
+
 # --------------------------------------------------------------------------------------
 
 
@@ -235,15 +271,22 @@ def test_workload_whose_worker_died_before_starting_it_runs_on_another_worker(st
 # A worker that dies after task-sdk spawned its task process (no at-fork handler ran).
 # --------------------------------------------------------------------------------------
 
-SPAWNED_START_PATCH = "0016-acknowledge-a-start-when-task-sdk-spawns-the-task-process.patch"
 
-
-def worker_dies_after_its_spawned_task_started() -> dict:
-    # task-sdk 1.4 starts the task process with posix_spawn when this is set (and on macOS).
-    os.environ["AIRFLOW__CORE__EXECUTE_TASKS_NEW_PYTHON_INTERPRETER"] = "True"
+def worker_dies_after_its_task_started_without_fork(routed: bool) -> dict:
+    if routed:
+        # task-sdk 1.4 starts a task routed to another runtime's coordinator with subprocess. The
+        # coordinator is never built: the worker only asks which one the task's queue has.
+        os.environ["AIRFLOW__SDK__COORDINATORS"] = json.dumps(
+            {"other": {"classpath": "airflow.sdk.execution_time.coordinator.BaseCoordinator"}}
+        )
+        os.environ["AIRFLOW__SDK__QUEUE_TO_COORDINATOR"] = json.dumps({"other-runtime": "other"})
+    else:
+        # task-sdk 1.4 starts the task process with posix_spawn when this is set (and on macOS).
+        os.environ["AIRFLOW__CORE__EXECUTE_TASKS_NEW_PYTHON_INTERPRETER"] = "True"
     executor = new_executor(1)
     marks = str(Path(tempfile.mkdtemp(), "marks"))
-    task = make_workload("task", fake={"marks": marks, "mark_for": 2.0})
+    queue = "other-runtime" if routed else "default"
+    task = make_workload("task", fake={"marks": marks, "mark_for": 2.0}, queue=queue)
     dispatch(executor, [task])
     wait_until(lambda: read_marks(marks), timeout=30)
     (worker,) = executor.workers
@@ -254,10 +297,20 @@ def worker_dies_after_its_spawned_task_started() -> dict:
     return {"states": states, "task processes": len({pid for _, pid, _ in read_marks(marks)})}
 
 
-@pytest.mark.fixed_by(SPAWNED_START_PATCH, lines=("3.4",))
 def test_worker_killed_after_spawning_its_task_process_fails_its_key_once(start_method):
     # Before the fix the spawned start was never acknowledged: the key went to a new worker and ran twice.
-    outcome = run_scenario(worker_dies_after_its_spawned_task_started, start_method=start_method, deadline=60)
+    outcome = run_scenario(
+        worker_dies_after_its_task_started_without_fork, start_method=start_method, deadline=60, routed=False
+    )
+    assert outcome == {"states": {"task": "failed"}, "task processes": 1}
+
+
+def test_worker_killed_mid_task_of_another_runtime_fails_its_key_once(start_method):
+    # Its start was acknowledged only when the workload returned: the key went to a new worker, and the
+    # second run met a task instance already running (409 from the API server).
+    outcome = run_scenario(
+        worker_dies_after_its_task_started_without_fork, start_method=start_method, deadline=60, routed=True
+    )
     assert outcome == {"states": {"task": "failed"}, "task processes": 1}
 
 

@@ -39,7 +39,7 @@ from harness import (
     wait_for_states,
 )
 
-NO_THREAD_PATCH = "0018-keep-localexecutor-workers-busy-without-a-thread.patch"
+NO_THREAD_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 
 
 def forks_through_a_run_with_workers_killed(tmp: str) -> dict:

@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 from harness import dispatch, key_of, make_workload, new_executor, queued, run_scenario, wait_until
 
-CONFIG_PATCH = "0013-read-the-prefetch-room-from-local-executor-config.patch"
-ABOVE_ONE_PATCH = "0014-let-a-prefetch-fraction-above-one-count.patch"
+CONFIG_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
+ABOVE_ONE_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 
 FRACTION = "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION"
 MAX_TASK_SECONDS = "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_MAX_TASK_SECONDS"

@@ -30,7 +30,6 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 from harness import (
     dispatch,
     key_of,
@@ -40,8 +39,6 @@ from harness import (
     wait_for_states,
     wait_until,
 )
-
-ROOM_PATCH = "0012-take-nothing-into-the-prefetch-room-while-tasks-run-long.patch"
 
 # A quarter of it is what a task must run to count as long: 2 s here (30 s by default).
 QUEUED_TIMEOUT = 8.0
@@ -88,7 +85,6 @@ def revoked_from_the_room_behind_a_long_task() -> dict:
     return outcome
 
 
-@pytest.mark.fixed_by(ROOM_PATCH)
 def test_room_takes_nothing_back_behind_a_long_task(start_method):
     outcome = run_scenario(revoked_from_the_room_behind_a_long_task, start_method=start_method, deadline=90)
     assert outcome == {

@@ -45,9 +45,8 @@ from harness import (
     wait_until,
 )
 
-NO_THREAD_PATCH = "0018-keep-localexecutor-workers-busy-without-a-thread.patch"
+NO_THREAD_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 # The prefetch room came with it (on by default until patch 18 turned it off on 3.4).
-ROOM_PATCH = "0010-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 # Starts closer than this are the same scheduler loop's (the low tasks run 0.3 s each).
 SAME_TIME = 0.1
 
@@ -122,7 +121,6 @@ def scheduler_loop_with_a_late_high_priority_task(prefetch_fraction: float | Non
     }
 
 
-@pytest.mark.fixed_by(NO_THREAD_PATCH, lines=("3.4",), introduced_by=ROOM_PATCH)
 def test_no_low_priority_task_starts_ahead_of_a_higher_one_it_was_taken_before(start_method):
     outcome = run_scenario(
         scheduler_loop_with_a_late_high_priority_task,

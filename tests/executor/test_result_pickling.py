@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from harness import airflow_line, dispatch, key_of, make_workload, new_executor, run_scenario, wait_for_states
 
-PICKLING_PATCH = "0008-share-no-lock-or-pipe-between-localexecutor-processes.patch"
+PICKLING_PATCH = "0007-share-no-lock-or-pipe-between-localexecutor-processes.patch"
 
 
 def _holds_a_lock(message: str) -> Exception:

@@ -42,8 +42,7 @@ from harness import (
     wait_until,
 )
 
-LOOP_PATCH = "0010-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
-NO_THREAD_PATCH = "0018-keep-localexecutor-workers-busy-without-a-thread.patch"
+LOOP_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
 
 
 def _started(started_dir: str, task_id: str) -> bool:
@@ -206,7 +205,6 @@ def dead_worker_while_the_scheduler_reads_slots() -> dict:
     return outcome
 
 
-@pytest.mark.fixed_by(NO_THREAD_PATCH, introduced_by=LOOP_PATCH)
 def test_reading_the_slots_forks_nothing_and_reaps_nothing(start_method):
     # Reaping a dead worker scans /proc and may wait for what it started to die (up to 5 s); starting
     # one forks. The scheduler reads the slots while it holds its pool rows locked: neither belongs there.

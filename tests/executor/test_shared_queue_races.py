@@ -47,7 +47,7 @@ from pathlib import Path
 import pytest
 from harness import dispatch, key_of, make_workload, new_executor, run_scenario, wait_for_states, wait_until
 
-OWN_QUEUE_PATCH = "0007-give-each-localexecutor-worker-its-own-input-queue.patch"
+OWN_QUEUE_PATCH = "0007-share-no-lock-or-pipe-between-localexecutor-processes.patch"
 
 
 def end_races_an_idle_worker_for_its_shutdown_message() -> dict:

@@ -46,7 +46,7 @@ from harness import (
     wait_until,
 )
 
-KILL_TASKS_PATCH = "0009-kill-a-dead-localexecutor-workers-task-processes.patch"
+KILL_TASKS_PATCH = "0008-kill-a-dead-localexecutor-workers-task-processes.patch"
 
 
 def _dead(pid: int) -> bool:
@@ -134,7 +134,7 @@ def test_task_process_of_a_killed_worker_is_dead_before_its_key_is_failed(start_
     assert outcome["try1_marks_after_try2_began"] == 0, outcome
 
 
-FORKSERVER_PATCH = "0017-start-localexecutor-workers-as-the-executors-children-under-forkserver.patch"
+FORKSERVER_PATCH = "0008-kill-a-dead-localexecutor-workers-task-processes.patch"
 
 
 @pytest.mark.fixed_by(FORKSERVER_PATCH)

@@ -40,9 +40,9 @@ from harness import (
     wait_until,
 )
 
-OWN_QUEUE_PATCH = "0007-give-each-localexecutor-worker-its-own-input-queue.patch"
-NO_SHARED_PIPE_PATCH = "0008-share-no-lock-or-pipe-between-localexecutor-processes.patch"
-DEAD_WORKER_PATCH = "0009-kill-a-dead-localexecutor-workers-task-processes.patch"
+OWN_QUEUE_PATCH = "0007-share-no-lock-or-pipe-between-localexecutor-processes.patch"
+NO_SHARED_PIPE_PATCH = "0007-share-no-lock-or-pipe-between-localexecutor-processes.patch"
+DEAD_WORKER_PATCH = "0008-kill-a-dead-localexecutor-workers-task-processes.patch"
 # Writing N here makes the next process created in this pid namespace get N + 1, if N + 1 is free.
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 

@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 from harness import dispatch, key_of, make_workload, new_executor, read_marks, run_scenario, wait_until
 
-SIGTERM_PATCH = "0009-kill-a-dead-localexecutor-workers-task-processes.patch"
+SIGTERM_PATCH = "0008-kill-a-dead-localexecutor-workers-task-processes.patch"
 
 
 def _dead(pid: int) -> bool:
@@ -114,16 +114,16 @@ def _exitcode(proc: multiprocessing.process.BaseProcess) -> int | None:
         return None
 
 
-def terminate_sixteen_busy_workers() -> dict[str, Any]:
+def terminate_busy_workers(count: int, ignore_sigterm: bool) -> dict[str, Any]:
     _scheduler_like_sigterm_handler()
-    executor = new_executor(16)
+    executor = new_executor(count)
     started_dir = tempfile.mkdtemp()
-    fake = {"started_dir": started_dir, "sleep": 120, "no_fork": True}
-    dispatch(executor, [make_workload(f"busy_{i}", fake=fake) for i in range(16)])
+    fake = {"started_dir": started_dir, "sleep": 120, "no_fork": True, "ignore_sigterm": ignore_sigterm}
+    dispatch(executor, [make_workload(f"busy_{i}", fake=fake) for i in range(count)])
 
     def all_started() -> bool:
         executor.sync()
-        return len(os.listdir(started_dir)) == 16
+        return len(os.listdir(started_dir)) == count
 
     started = wait_until(all_started, timeout=60)
     procs = list(executor.workers.values())
@@ -140,8 +140,23 @@ def terminate_sixteen_busy_workers() -> dict[str, Any]:
 @pytest.mark.fixed_by(SIGTERM_PATCH)
 def test_terminate_stops_sixteen_busy_workers_with_sigterm_alone() -> None:
     # Forked workers only: a spawned worker starts with no Python handler to inherit.
-    outcome = run_scenario(terminate_sixteen_busy_workers, start_method="fork", deadline=90)
+    outcome = run_scenario(
+        terminate_busy_workers, start_method="fork", deadline=90, count=16, ignore_sigterm=False
+    )
     assert outcome["all_started"], outcome
     assert outcome["alive"] == [], outcome
     # Each died of its SIGTERM: none waited out 0.2 s for a SIGKILL (3.2 s for 16, one after another).
     assert outcome["exitcodes"] == [-signal.SIGTERM], outcome
+
+
+@pytest.mark.fixed_by(SIGTERM_PATCH)
+def test_terminate_stops_workers_that_ignore_sigterm_together(start_method: str) -> None:
+    # task-sdk 1.4's supervisor defers SIGTERM while a task runs. One after another, each such worker
+    # cost its 0.2 s wait before its SIGKILL: 1.6 s for 8; together, one wait.
+    outcome = run_scenario(
+        terminate_busy_workers, start_method=start_method, deadline=90, count=8, ignore_sigterm=True
+    )
+    assert outcome["all_started"], outcome
+    assert outcome["alive"] == [], outcome
+    assert outcome["exitcodes"] == [-signal.SIGKILL], outcome
+    assert outcome["seconds"] < 1.0, outcome

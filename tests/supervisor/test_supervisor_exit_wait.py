@@ -40,7 +40,7 @@ import structlog
 from airflow.sdk.api.datamodels._generated import TaskInstanceState
 from airflow.sdk.execution_time.supervisor import ActivitySubprocess, WatchedSubprocess
 
-EXIT_WAIT_PATCH = "0015-wait-for-the-task-process-once-its-sockets-are-closed.patch"
+EXIT_WAIT_PATCH = "0010-wait-for-the-task-process-once-its-sockets-are-closed.patch"
 
 # What ``_monitor_subprocess`` passes at the defaults (``[workers] min_heartbeat_interval``).
 HEARTBEAT_INTERVAL = 5.0

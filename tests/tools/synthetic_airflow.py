@@ -124,7 +124,20 @@ def make_airflow_repo(path: Path, bases: dict[str, bytes]) -> Path:
 
 # --- upstream's own tests, planted in the clone: they use internals patches 4 and 5 rename ----
 
-UPSTREAM_TEST = "airflow-core/tests/unit/executors/test_local_executor.py"
+UPSTREAM_TEST = "airflow-core/tests/unit/executors/test_local_executor_internals.py"
+# Upstream's own test_local_executor.py: a PR changes it with its patches/upstream-tests/ diff and runs it
+# whole (tools.delivery.upstream_tests), so it is self-contained here.
+UPSTREAM_FILE = "airflow-core/tests/unit/executors/test_local_executor.py"
+UPSTREAM_FILE_TEXT = b"""from __future__ import annotations
+
+
+class TestLocalExecutor:
+    def test_reads_a_removed_internal(self):
+        assert "result_queue"
+
+    def test_is_local(self):
+        assert True
+"""
 UPSTREAM_CHECK_WORKERS_TEST = "airflow-core/tests/unit/executors/test_local_executor_check_workers.py"
 UNRELATED_TEST = "airflow-core/tests/unit/jobs/test_scheduler_job.py"
 PLANTED = {
@@ -174,6 +187,7 @@ def test_check_workers_on_an_unstarted_executor():
     executor.workers = {}
     executor._check_workers()
 """,
+    UPSTREAM_FILE: UPSTREAM_FILE_TEXT,
     UNRELATED_TEST: b"""def test_scheduler_checks_workers_interval():
     check_workers_interval = 5
     assert "local_executor_check_workers" and check_workers_interval

@@ -177,7 +177,8 @@ def test_unknown_patch_and_lines_are_refused(tmp_path: Path) -> None:
 
 
 # What `python -m tools port --measure` reproduces today, per line: the rules may do better, never worse.
-REPRODUCED_TODAY = {"3.1": 89, "3.2": 70, "3.4": 91}
+# (The 10-patch series of the 2026-12-06 re-cut has fewer, larger hunks: 53/65, 40/52, 53/55.)
+REPRODUCED_TODAY = {"3.1": 53, "3.2": 40, "3.4": 53}
 
 
 def test_the_real_series_resolutions_are_reproduced_at_least_as_well_as_today() -> None:

@@ -81,13 +81,16 @@ def test_folded_pr_is_one_commit_from_the_last_upstream_stage(
     reap = ("test_reap.py::test_dead_worker_is_reaped",)
     spawn = "TestLocalExecutor.test_spawn_targets_run_worker"
     assert rows == [
+        (syn.UPSTREAM_CHECK_WORKERS_TEST, "test_check_workers_on_an_unstarted_executor", "_check_workers",
+         "attribute", reap),
         (syn.UPSTREAM_TEST, "TestLocalExecutor.test_sync_checks_workers", "_check_workers", "string", reap),
         (syn.UPSTREAM_TEST, spawn, "_run_worker", "string", ()),
         (syn.UPSTREAM_TEST, spawn, "_run_worker", "attribute", ()),
-        (syn.UPSTREAM_CHECK_WORKERS_TEST, "test_check_workers_on_an_unstarted_executor", "_check_workers",
-         "attribute", reap),
     ]  # fmt: skip
-    assert "4 use(s) in 2 of the 3 test files" in body  # the unrelated scheduler test has no hit
+    # the unrelated scheduler test has no hit; upstream's test_local_executor.py is not scanned (its table)
+    assert "4 use(s) in 2 of the 3 test files" in body
+    assert "### Upstream's test_local_executor.py in this PR" in body
+    assert "This PR changes no test in" in body and "The whole file on this branch passes: 2 passed" in body
     assert (
         f"| `{syn.UPSTREAM_CHECK_WORKERS_TEST}:9` | `test_check_workers_on_an_unstarted_executor` | "
         "`LocalExecutor._check_workers` (attribute) | `test_reap.py::test_dead_worker_is_reaped` |"

@@ -126,9 +126,14 @@ class Verified:
     wheel: str
 
 
+# The 2026-12-06 re-cut folded the 18 patches into 10; wheels of the 18-patch series were ``.post18``.
+# The post-release number keeps rising across it, or pip would take the new wheels for older ones.
+RECUT_OFFSET = 9
+
+
 def series_length(layout: Layout = DEFAULT) -> int:
     """The post-release number: every added patch makes a new version and a new wheel name."""
-    return len(series.read_series_names(layout.series_file))
+    return len(series.read_series_names(layout.series_file)) + RECUT_OFFSET
 
 
 def package_version(line: pins.Line, layout: Layout = DEFAULT) -> str:
@@ -353,7 +358,7 @@ def provider_info(line: pins.Line, overlay_text: str, layout: Layout = DEFAULT) 
             raise PackageError(f"local_executor.py: LocalExecutor.{name} has no numeric default")
         options[name] = {
             "description": OPTION_DOCS[name],
-            "version_added": f"{line.version}.post{_first_patch_reading(name, layout)}",
+            "version_added": f"{line.version}.post{_first_patch_reading(name, layout) + RECUT_OFFSET}",
             "type": "float",
             "example": None,
             "default": str(float(value)),

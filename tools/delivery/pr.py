@@ -25,8 +25,13 @@ the series, applied to ``main`` as one commit; its tests run with the branch's e
 
 The PR body follows Airflow's PR template (what and why, ``closes:``/``related:`` from the
 ``Bug:`` lines, how it was tested, the generative-AI disclosure) and adds what the commit
-contains, every upstream test that uses an internal the PR removes (``tools.delivery.pr_internals``)
-and a generated "How this was verified" (``tools.delivery.pr_evidence``). It goes to
+contains, every upstream test that uses an internal the PR removes (``tools.delivery.pr_internals``;
+upstream's ``test_local_executor.py`` aside) and a generated "How this was verified"
+(``tools.delivery.pr_evidence``). Where the branch holds upstream's ``test_local_executor.py``, the
+commit carries the PR's diff to it (``patches/upstream-tests/<stem>.diff``, and those of the patches
+it folds), the test run adds that whole file (``tools.delivery.upstream_tests``), and the body a table
+"Upstream's test_local_executor.py in this PR": each test the diff changes, what and why, what now
+covers it, and the whole file's pass/fail count on the branch. It goes to
 ``build/pr/<patch stem>.md``. Nothing is pushed and no PR is opened: the report prints the
 commands for that.
 """
@@ -43,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from tools.delivery import lineform, pr_evidence, pr_internals, upstream_prs
+from tools.delivery import lineform, pr_evidence, pr_internals, upstream_prs, upstream_tests
 from tools.delivery.overlay_install import interpreter_problem
 from tools.delivery.pr_testrun import TestRun, last_line, run_test_files
 from tools.engine.series import Patch, read_patch, read_series_names
@@ -100,6 +105,8 @@ class Prepared:
     findings: list[pr_internals.Finding] = field(default_factory=list)
     removed: list[pr_internals.Removed] = field(default_factory=list)
     stacked_branch: str | None = None
+    upstream_records: list[upstream_tests.Record] = field(default_factory=list)
+    upstream_outcome: upstream_tests.Outcome | None = None
 
 
 def references(msg: commitmsg.Message) -> list[str]:
@@ -505,6 +512,7 @@ class PrPreparer:
             (wt / newsfragment).parent.mkdir(parents=True, exist_ok=True)
             (wt / newsfragment).write_text(text)
             git("add", newsfragment, cwd=wt)
+        records, upstream_note = self.upstream_test_diffs(wt, plan)
         git("commit", "--amend", "--quiet", "--no-verify", "--allow-empty", "-m", message, cwd=wt)
         commit = git("rev-parse", "HEAD", cwd=wt).strip()
         removed, found, scanned = self.internals(wt, commit, plan, form)
@@ -513,6 +521,15 @@ class PrPreparer:
             if run_tests
             else TestRun(False, False, "", "skipped (--no-test)")
         )
+        outcome = None
+        if upstream_note is None and run_tests:
+            outcome = self.run_upstream_file(wt, plan.line)
+            tests.notes.append(
+                f"upstream's `{upstream_tests.REPO_FILE}`, the whole file with this branch's executor "
+                f"(stand-ins for `tests_common`, no database): {outcome.summary()}"
+            )
+            if not outcome.passed:
+                tests.passed = False
         self.g("branch", "--force" if exists else "--no-track", branch, commit)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         body_path = self.out_dir / f"{stem}.md"
@@ -525,15 +542,79 @@ class PrPreparer:
             ),
             pr_internals.render(removed, found, scanned, REPO_TESTS_DIR),
         ]
+        if upstream_note != "absent":
+            sections.append(
+                upstream_tests.render_table(
+                    records, outcome, upstream_note or ("" if run_tests else "--no-test")
+                )
+            )
         verified = pr_evidence.section(
             self.evidence_dir, [*plan.folds, patch.name], plan.line.name, plan.end, pins.PRIMARY.name
         )
         body_path.write_text(pr_body(msg, tests, generated_by, newsfragment, sections, verified))
         result = Prepared(
-            patch, branch, commit, msg.title, body_path, tests, newsfragment, plan, found, removed, stacked
+            patch,
+            branch,
+            commit,
+            msg.title,
+            body_path,
+            tests,
+            newsfragment,
+            plan,
+            found,
+            removed,
+            stacked,
+            records,
+            outcome,
         )
         self.report(result, generated_by)
         return result
+
+    def upstream_test_diffs(self, wt: Path, plan: Plan) -> tuple[list[upstream_tests.Record], str | None]:
+        """Apply this PR's diffs to upstream's ``test_local_executor.py`` (``patches/upstream-tests/``:
+        its own and its folded patches') where the branch holds that file, and stage it.
+
+        Returns the records of what changed, and None, or a note why nothing was done: "absent" (the
+        branch has no such file) or why the diffs do not apply."""
+        target = wt / upstream_tests.REPO_FILE
+        if not target.is_file():
+            return [], "absent"
+        diffs = [
+            d
+            for d in (upstream_tests.diff_for(self.layout, n) for n in (*plan.folds, plan.patch.name))
+            if d.is_file()
+        ]
+        records: list[upstream_tests.Record] = []
+        for diff in diffs:
+            try:
+                git("apply", "--whitespace=nowarn", str(diff.resolve()), cwd=wt, isolated=True)
+            except GitError as exc:
+                git("checkout", "--", upstream_tests.REPO_FILE, cwd=wt, check=False)
+                return [], (
+                    f"`patches/{upstream_tests.DIFFS_DIR}/{diff.name}` does not apply to the branch's file "
+                    f"({last_line(exc.stderr)}): upstream's file changed since the diff was made"
+                )
+            records += upstream_tests.parse_records(diff.read_text(), diff.name)[0]
+        if diffs:
+            git("add", upstream_tests.REPO_FILE, cwd=wt)
+        return records, None
+
+    def run_upstream_file(self, wt: Path, line: pins.Line) -> upstream_tests.Outcome:
+        """Upstream's whole ``test_local_executor.py`` as the branch has it, with the branch's executor."""
+        text = (wt / upstream_tests.REPO_FILE).read_text()
+        try:
+            python = self.python
+            if python is None:
+                from tools.engine import venvs
+
+                python = Path(venvs.ensure(line, self.layout, upstream_tests=True))
+                branch_files = [f for f in pins.UPSTREAM_FILES if (wt / f.repo_path).is_file()]
+                venvs.install_sources(
+                    python, {f.package_path: (wt / f.repo_path).read_bytes() for f in branch_files}
+                )
+        except Exception as exc:
+            return upstream_tests.Outcome("", {}, [], None, f"no test environment: {exc}")
+        return upstream_tests.run_text(text, python, layout=self.layout)
 
     def internals(
         self, wt: Path, commit: str, plan: Plan, form: lineform.LineForm
@@ -547,6 +628,8 @@ class PrPreparer:
             form.stage(plan.start).get(pins.REPO_PATH, b""),
             end.get(pins.REPO_PATH, b""),
             {p: d for p, d in end.items() if p.startswith(REPO_TESTS_DIR + "/")},
+            # Upstream's test_local_executor.py gets the PR's own diff and table (upstream_tests) instead.
+            skip=[upstream_tests.REPO_FILE] if (wt / upstream_tests.REPO_FILE).is_file() else [],
         )
 
     def internals_between(
@@ -557,9 +640,11 @@ class PrPreparer:
         before: bytes,
         after: bytes,
         our_test_files: Mapping[str, bytes],
+        skip: Sequence[str] = (),
     ) -> tuple[list[pr_internals.Removed], list[pr_internals.Finding], int]:
         """What going from executor ``before`` to ``after`` removes, and its uses in the clone's tests
-        outside the commit (``our_test_files``: the PR's own tests, for equivalents)."""
+        outside the commit (``our_test_files``: the PR's own tests, for equivalents; ``skip``: files
+        left out of the scan)."""
         try:
             removed = pr_internals.removed_internals(
                 before.decode("utf-8", "replace"), after.decode("utf-8", "replace")
@@ -571,7 +656,7 @@ class PrPreparer:
         files = {
             rel: (wt / rel).read_bytes()
             for rel in listed
-            if rel and rel not in ours and not rel.startswith(REPO_TESTS_DIR + "/")
+            if rel and rel not in ours and not rel.startswith(REPO_TESTS_DIR + "/") and rel not in skip
         }
         hits = pr_internals.scan_tests(files, {r.name for r in removed})
         our_tests = pr_internals.test_functions(dict(our_test_files))
@@ -582,7 +667,10 @@ class PrPreparer:
         return [
             f
             for f in changed
-            if "/tests/" in f"/{f}" and Path(f).name.startswith("test_") and f.endswith(".py")
+            if "/tests/" in f"/{f}"
+            and Path(f).name.startswith("test_")
+            and f.endswith(".py")
+            and f != upstream_tests.REPO_FILE  # run whole, with its stand-ins: run_upstream_file()
         ]
 
     def run_tests(self, wt: Path, commit: str, line: pins.Line = pins.PRIMARY) -> TestRun:

@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 from tools.engine import fetch
-from tools.engine.venvs import TEST_PACKAGES, UV_ENV, find_uv, oldest_python
+from tools.engine.venvs import (
+    TEST_PACKAGES,
+    UPSTREAM_TEST_PACKAGES,
+    UV_ENV,
+    find_uv,
+    oldest_python,
+    upstream_tests_constraints,
+)
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
@@ -21,16 +29,32 @@ TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv
 COMPILE = ("pip", "compile", "-", "--universal", "--quiet")
 
 
-def _compile(requirements: list[str], command: str, python_version: str = "3.10") -> str:
+def _compile(
+    requirements: list[str],
+    command: str,
+    python_version: str = "3.10",
+    constraints: str | None = None,
+    cwd: Path | None = None,
+) -> str:
     import os
     import subprocess
 
+    extra = ["-c", constraints] if constraints else []
     proc = subprocess.run(
-        [find_uv(), *COMPILE, "--python-version", python_version, "--custom-compile-command", command],
+        [
+            find_uv(),
+            *COMPILE,
+            "--python-version",
+            python_version,
+            "--custom-compile-command",
+            command,
+            *extra,
+        ],
         input="\n".join(requirements) + "\n",
         capture_output=True,
         text=True,
         env={**os.environ, **UV_ENV},
+        cwd=cwd,
         check=False,
     )
     if proc.returncode != 0:
@@ -64,7 +88,34 @@ def lock_line(line: pins.Line, layout: Layout = DEFAULT) -> str:
     return text
 
 
+def pre_release() -> pins.Line:
+    """The line that stands for upstream ``main``: upstream's own test file is written against it."""
+    return next(ln for ln in pins.LINES if ln.prerelease)
+
+
+def lock_upstream_tests(line: pins.Line | None = None, layout: Layout = DEFAULT) -> str:
+    """``constraints/upstream-tests-<line>.txt``: what upstream's own executor test file imports
+    beyond the line's test packages (``UPSTREAM_TEST_PACKAGES``), resolved within the line's pins."""
+    line = line or pre_release()
+    python_version = oldest_python(fetch.ensure_wheel(line, layout))
+    # why relative: the file records the constraints it was resolved with, the same on every machine
+    text = _compile(
+        list(UPSTREAM_TEST_PACKAGES),
+        f"python -m tools lock --upstream-tests --line {line.name}",
+        python_version,
+        constraints=f"constraints/{line.name}.txt",
+        cwd=layout.root,
+    )
+    upstream_tests_constraints(line, layout).write_text(text)
+    return text
+
+
 def _cmd_lock(args: argparse.Namespace) -> int:
+    if args.upstream_tests:
+        line = pins.get_line(args.line[0]) if args.line else pre_release()
+        lock_upstream_tests(line)
+        print(f"wrote {DEFAULT.rel(upstream_tests_constraints(line))}")
+        return 0
     everything = not args.line and not args.tools
     if args.tools or everything or not (DEFAULT.constraints / "tools.txt").exists():
         lock_tools()
@@ -79,4 +130,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("lock", help="regenerate constraints/ with uv pip compile (needs the index)")
     p.add_argument("--line", action="append", help="only this line (repeatable)")
     p.add_argument("--tools", action="store_true", help="only constraints/tools.txt")
+    p.add_argument(
+        "--upstream-tests",
+        action="store_true",
+        help="only constraints/upstream-tests-3.4.txt (what upstream's test_local_executor.py imports)",
+    )
     p.set_defaults(func=_cmd_lock)

@@ -31,6 +31,9 @@ from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
 
 TEST_PACKAGES = ("pytest", "pytest-timeout")
+# What upstream's own test_local_executor.py imports beyond those (tools.delivery.upstream_tests),
+# pinned in constraints/upstream-tests-<line>.txt (`python -m tools lock --upstream-tests`).
+UPSTREAM_TEST_PACKAGES = ("kgb", "pytest-mock")
 JWT_SECRET = "lepatch-tests-not-a-secret"
 # why: without it uv tries to download a managed CPython, which this network refuses slowly.
 UV_ENV = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
@@ -73,7 +76,7 @@ def _make(
     venv: Path,
     python: str,
     packages: Sequence[str],
-    constraints: Path | None,
+    constraints: Path | Sequence[Path] | None,
     stamp: Mapping[str, object],
     on_create: Callable[[], None] | None = None,
 ) -> Path:
@@ -91,7 +94,8 @@ def _make(
         on_create()
     venv.parent.mkdir(parents=True, exist_ok=True)
     run_uv("venv", "--quiet", "-p", python, str(venv))
-    pin = ["-c", str(constraints)] if constraints is not None else []
+    files = [constraints] if isinstance(constraints, Path) else list(constraints or ())
+    pin = [arg for c in files for arg in ("-c", str(c))]
     args = ["pip", "install", "--quiet", "--python", str(py), *pin, *packages]
     run_uv(*args, env={"UV_COMPILE_BYTECODE": "1"})
     stamp_file.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
@@ -163,9 +167,17 @@ def venv_name(line: Line, python: str | None = None) -> str:
     return f"{line.name}-py{'.'.join(_python_identity(python).split()[0].split('.')[:2])}"
 
 
-def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None) -> Path:
+def upstream_tests_constraints(line: Line, layout: Layout = DEFAULT) -> Path:
+    """``constraints/upstream-tests-<line>.txt``: the pins of ``UPSTREAM_TEST_PACKAGES``."""
+    return layout.constraints / f"upstream-tests-{line.name}.txt"
+
+
+def ensure(
+    line: Line | str, layout: Layout = DEFAULT, python: str | None = None, *, upstream_tests: bool = False
+) -> Path:
     """Python of ``build/venvs/<line>`` (``<line>-py3.X`` with another ``python``) with the pinned wheel
-    and the test packages; made once."""
+    and the test packages; made once. ``upstream_tests``: ``build/venvs/<line>-upstream-tests`` with
+    ``UPSTREAM_TEST_PACKAGES`` as well (what upstream's own executor test file imports)."""
     if not isinstance(line, Line):
         line = pins.get_line(line)
     constraints = layout.constraints / f"{line.name}.txt"
@@ -173,20 +185,32 @@ def ensure(line: Line | str, layout: Layout = DEFAULT, python: str | None = None
         raise ToolError(
             f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
         )
+    files = [constraints]
+    packages = list(TEST_PACKAGES)
+    if upstream_tests:
+        extra = upstream_tests_constraints(line, layout)
+        if not extra.exists():
+            raise ToolError(
+                f"{layout.rel(extra)} is missing; make it with `python -m tools lock --upstream-tests`"
+            )
+        files.append(extra)
+        packages += UPSTREAM_TEST_PACKAGES
     # why every pin's wheel: the venv's task-sdk is then the verified one the supervisor patches
     # apply to, and it is cached for the tools' tests, whose venv has no pip to download it.
     by_distribution = {pin.file.distribution: fetch.ensure_pin(pin, layout=layout) for pin in line.pins}
     wheel = by_distribution[pins.DISTRIBUTION]  # verified once: it decides the interpreter too
     wheels = [str(w) for w in by_distribution.values()]
-    name = venv_name(line, python)
+    name = venv_name(line, python) + ("-upstream-tests" if upstream_tests else "")
     python = interpreter_for(wheel, python)
     stamp = {
         "python": _python_identity(python),
         "wheel_sha256": [pin.wheel_sha256 for pin in line.pins],
         "constraints_sha256": _file_digest(constraints),
-        "packages": list(TEST_PACKAGES),
+        "packages": packages,
     }
-    return _make(layout.build / "venvs" / name, python, [*wheels, *TEST_PACKAGES], constraints, stamp)
+    if upstream_tests:
+        stamp["upstream_tests_constraints_sha256"] = _file_digest(files[1])
+    return _make(layout.build / "venvs" / name, python, [*wheels, *packages], files, stamp)
 
 
 def release_pins(core: str, sdk: str | None = None) -> tuple[pins.Pin, pins.Pin]:

@@ -463,7 +463,7 @@ def run_one(sched: dict[str, Any], progress: str, watch: Any) -> dict[str, Any]:
     except SystemExit:
         obs["end_error"] = "SystemExit during end() (a late SIGTERM)"
     obs["end_s"] = round(time.monotonic() - t_end, 3)
-    # Keys end() gave back to their queue (taken, never sent to a worker: from patch 0011 on).
+    # Keys end() gave back to their queue (taken, never sent to a worker: from patch 0009 on).
     obs["given_back"] = sorted(
         set(harness.label(key) for key in harness.queued(executor)) - set(obs["not_taken"])
     )

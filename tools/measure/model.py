@@ -2,8 +2,8 @@
 
 The models (``model/*.pml``, Promela) are of the protocol between the LocalExecutor and its workers:
 
-- ``final.pml``: the overlay (patches 8 to 18): a pipe pair per worker, a workload only to an idle
-  worker, results read without blocking, death by waitpid and ``_reap_worker``; one thread (patch 18):
+- ``final.pml``: the overlay (patches 7 to 10): a pipe pair per worker, a workload only to an idle
+  worker, results read without blocking, death by waitpid and ``_reap_worker``; one thread:
   the scheduler's, the only reader of results and writer of workloads, changing state only in blocks
   that hold SIGTERM off, SIGTERM between any two of them (then ``end()``), and the start
   acknowledgement: a workload whose worker died before starting it goes to another worker;
@@ -32,7 +32,7 @@ at most a page is not atomic-into-a-fresh-page as Linux makes it; EOF on a resul
 may hold it open: death is known by waitpid only); one key dispatched twice (resumed deferrals),
 connection tests, ``revoke_task``, the scheduler's own ``change_state``; the spawn start method; a
 signal inside ``end()`` and ``terminate()`` (and so ``end()``'s ``except``); the prefetch; workloads
-or results that fail to unpickle (patch 11 fails the key of a result it cannot read); a workload that
+or results that fail to unpickle (patch 9 fails the key of a result it cannot read); a workload that
 is not a task (no start acknowledgement).
 
 The final model stands for ``airflow_overlay/3.3/airflow/executors/local_executor.py`` as it was when
@@ -218,9 +218,8 @@ CHECKS: tuple[Check, ...] = (
         "test_shared_queue_races.py::test_a_process_killed_holding_a_shared_counter_lock_does_not_stop_dispatch",
     ),
     # Found by the model (SystemExit inside or right after ``send_bytes`` undid a workload the worker
-    # had got whole); patch 11 fixes it: SIGTERM is held off while the scheduler's thread changes state
-    # (from patch 18 the only thread that writes workloads). One worker: workloads wait in the deque
-    # throughout.
+    # had got whole); patch 9 fixes it: SIGTERM is held off while the scheduler's thread changes state
+    # (the only thread that writes workloads). One worker: workloads wait in the deque throughout.
     Check(
         "final/SIGTERM mid-dispatch",
         "final",

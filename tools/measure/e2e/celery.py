@@ -50,7 +50,7 @@ INSTALL_REDIS = "apt-get install redis-server"
 READY = re.compile(r"@\S+ ready\.")
 REAP_MODULE = "lepatch_celery_reap"
 REAP_LOG_ENV = "LEPATCH_CELERY_REAP_LOG"
-# What patch 15's supervisor logs when psutil's wait() returned None (the process was reaped elsewhere).
+# What patch 10's supervisor logs when psutil's wait() returned None (the process was reaped elsewhere).
 REAPED_ELSEWHERE = "Process was reaped elsewhere"
 WORKLOAD_FINISHED = re.compile(r"(?:Workload|Task) finished.*?(?:workload_id|task_instance_id)=([0-9a-f-]+)")
 

@@ -393,13 +393,30 @@ def _worker_process() -> type[multiprocessing.Process]:
     return multiprocessing.Process
 
 
-def _spawns_task_processes() -> bool:
-    """Whether task-sdk starts task processes with ``posix_spawn``: no at-fork handler runs for those."""
+def _forks_task_process(workload: object) -> bool:
+    """Whether task-sdk starts ``workload``'s first process with ``fork()``, which runs the at-fork hook."""
+    import importlib
+
     from airflow.sdk.execution_time import supervisor
 
     # task-sdk 1.4 spawns on macOS and with [core] execute_tasks_new_python_interpreter; before, it forks.
     uses_exec = getattr(supervisor, "_task_process_uses_exec", None)
-    return bool(uses_exec is not None and uses_exec())
+    if uses_exec is not None and uses_exec():
+        return False
+    ti = getattr(workload, "ti", None)
+    try:
+        coordinator = importlib.import_module("airflow.sdk.execution_time.coordinator")
+    except ImportError:  # before task-sdk 1.4: every task process is forked
+        return True
+    if ti is None:
+        return True
+    # A task routed to another runtime's coordinator ([sdk] queue_to_coordinator: Java, ...) starts with
+    # subprocess, which runs no at-fork hook either; only the Python one forks.
+    try:
+        chosen = coordinator.get_coordinator_manager().for_queue(ti.queue or "default")
+    except Exception:
+        return False
+    return isinstance(chosen, getattr(coordinator, "_PythonCoordinator", ()))
 
 
 def _run_worker(
@@ -436,18 +453,18 @@ def _run_worker(
     # The key of the workload this worker runs until it writes its start acknowledgement, else None.
     unacknowledged: list = [None]
 
+    me = os.getpid()
+
     def acknowledge_start() -> None:
         # After a fork in this worker (the task process is its first), in the worker: the frame is complete
         # before the task process can have done anything worth keeping (it is killed with this worker).
-        if (key := unacknowledged[0]) is not None:
+        # The task process inherits this hook: when it forks (a multiprocessing pool) it must not write a
+        # frame of its own into this worker's results pipe, where it could land inside one of the worker's.
+        if os.getpid() == me and (key := unacknowledged[0]) is not None:
             unacknowledged[0] = None
             _send_result(output, (key, STARTED, None))
 
     os.register_at_fork(after_in_parent=acknowledge_start)
-    # A spawned task process runs no at-fork handler: acknowledge before the workload runs instead, so a
-    # worker that dies mid-task never has its started task taken for one that never started (run twice).
-    # Dying before the spawn then fails the key rather than moving it, as without the acknowledgement.
-    acknowledge_before_running = _spawns_task_processes()
     if own_session is not None:
         log.warning(
             "Worker pid=%d could not start a session of its own (%s): if it dies, the task processes it "
@@ -475,7 +492,10 @@ def _run_worker(
         key = workload.key
         _send_result(output, (key, workload.running_state, None))
         unacknowledged[0] = key
-        if acknowledge_before_running:
+        if not _forks_task_process(workload):
+            # No at-fork hook will run: acknowledge before the workload runs, so a worker that dies mid-task
+            # never has its started task taken for one that never started (run twice). Dying before the
+            # task process starts then fails the key rather than moving it, as for any dead worker.
             acknowledge_start()
 
         try:
@@ -555,13 +575,6 @@ class LocalExecutor(BaseExecutor):
         self._unstarted: dict[int, tuple[ExecutorWorkload, dict]] = {}
         self._redispatched: dict[WorkloadKey, int] = {}
         self._held_off = _HeldOff()
-        # Results read but not applied yet: (pid, key, state, exc, dispatch, released). ``dispatch``: the
-        # workload its worker held, if the result is for its key. ``released``: it was its worker's terminal
-        # result for that workload, and the worker was marked idle when it was read. Reaping a worker
-        # applies every result read before its last ones, in the order they came.
-        self._arrived: deque[
-            tuple[int, WorkloadKey, WorkloadState | None, object, ExecutorWorkload | None, bool]
-        ] = deque()
         self._prefetch = 0  # none until started: an executor that runs nothing accepts nothing extra
         # When each busy worker was sent its workload (monotonic), and how long the last ``parallelism``
         # workloads to end took from that to their terminal result: what opens the prefetch room.
@@ -593,7 +606,6 @@ class LocalExecutor(BaseExecutor):
         self._inputs = {}
         self._outputs = {}
         self._pending = deque()
-        self._arrived = deque()
         self._worker_tasks.clear()
         self._holding.clear()
         self._newest.clear()
@@ -672,48 +684,6 @@ class LocalExecutor(BaseExecutor):
         """From here on nothing is taken beyond ``parallelism`` and ``slots_available`` reads nothing."""
         self._started = False
         self._prefetch = 0
-
-    def _collect(self, pids: Collection[int] | None = None) -> None:
-        """Read every complete result waiting (never blocking); a terminal one makes its worker idle."""
-        for pid in list(self._outputs) if pids is None else pids:
-            for result in self._outputs[pid].read():
-                state: WorkloadState | str | None
-                exc: object
-                if isinstance(result, _Unreadable):
-                    key = self._worker_tasks.get(pid)
-                    self.log.error(
-                        "Could not read the result of %s from worker pid=%s (%d bytes): %s; failing it",
-                        key,
-                        pid,
-                        result.size,
-                        result.error,
-                    )
-                    if key is None:
-                        continue
-                    state = state_class_for_key(key).FAILED
-                    exc = f"LocalExecutor could not read the result worker pid={pid} sent: {result.error}"
-                else:
-                    key, state, exc = result
-                if state == STARTED:
-                    if self._worker_tasks.get(pid) == key:
-                        self._unstarted.pop(pid, None)
-                    continue
-                dispatch = self._holding.get(pid) if self._worker_tasks.get(pid) == key else None
-                released = state is not None and state != "running" and self._worker_tasks.get(pid) == key
-                if released:
-                    # Idle again, and the workload was done with: no longer one to give to another worker.
-                    self._unstarted.pop(pid, None)
-                    del self._worker_tasks[pid]
-                    self._holding.pop(pid, None)
-                    if (sent := self._sent_at.pop(pid, None)) is not None:
-                        self._run_times.append(time.monotonic() - sent)
-                self._arrived.append((pid, key, cast("WorkloadState | None", state), exc, dispatch, released))
-
-    def _apply_arrived(self) -> None:
-        """Apply the results read so far to what the scheduler sees (the scheduler's thread only)."""
-        while self._arrived:
-            pid, key, state, exc, dispatch, released = self._arrived.popleft()
-            self._handle_result(pid, key, state, exc, dispatch, released=released)
 
     def _check_workers(self):
         """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
@@ -856,11 +826,9 @@ class LocalExecutor(BaseExecutor):
     def _reap_worker(self, pid: int) -> None:
         """Forget a dead worker and its pipes; fail the workload it held unless it reported its end."""
         proc = self.workers[pid]
-        # The frames it finished before dying are in the pipe: read them (and apply every result read
-        # before them) before deciding that the workload it held never finished. What is left is a frame
-        # it died writing.
-        self._collect([pid])
-        self._apply_arrived()
+        # The frames it finished before dying are in the pipe: apply them before deciding that the workload
+        # it held never finished. What is left is a frame it died writing.
+        self._read_results(pids=[pid])
         output = self._outputs.pop(pid)
         if output.buffer:
             self.log.warning(
@@ -1028,42 +996,56 @@ class LocalExecutor(BaseExecutor):
         """Sync will get called periodically by the heartbeat method."""
         self._check_workers()
 
-    def _read_results(self, timeout: float = 0.0) -> None:
-        """Read every complete result waiting, waiting up to ``timeout`` for a result or a worker exit."""
+    def _read_results(self, timeout: float = 0.0, pids: Collection[int] | None = None) -> None:
+        """Apply every complete result waiting, waiting up to ``timeout`` for a result or a worker exit."""
         if timeout:
             readers = [output.conn for output in self._outputs.values() if not output.eof]
             sentinels = [proc.sentinel for proc in self.workers.values()]
             multiprocessing.connection.wait([*readers, *sentinels], timeout)
         with self._held_off:
-            self._collect()
-            self._apply_arrived()
+            for pid in list(self._outputs) if pids is None else pids:
+                for result in self._outputs[pid].read():
+                    if isinstance(result, _Unreadable):
+                        key = self._worker_tasks.get(pid)
+                        self.log.error(
+                            "Could not read the result of %s from worker pid=%s (%d bytes): %s; failing it",
+                            key,
+                            pid,
+                            result.size,
+                            result.error,
+                        )
+                        if key is not None:
+                            error = f"LocalExecutor could not read the result worker pid={pid} sent"
+                            self._handle_result(
+                                pid, key, state_class_for_key(key).FAILED, f"{error}: {result.error}"
+                            )
+                        continue
+                    self._handle_result(pid, *result)
 
-    def _handle_result(
-        self,
-        pid: int,
-        key: WorkloadKey,
-        state: WorkloadState | None,
-        exc,
-        dispatch: ExecutorWorkload | None = None,
-        released: bool = False,
-    ) -> None:
+    def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState | str | None, exc) -> None:
         if pid not in self.workers:
             return
-        if state is None or state == "running":
+        held = self._worker_tasks.get(pid) == key
+        dispatch = self._holding.get(pid) if held else None
+        if state == STARTED:
+            if held:
+                self._unstarted.pop(pid, None)
+        elif state is None or state == "running":
             if self._stale(key, dispatch):
                 self.log.warning(
                     "Dropping %s of an earlier dispatch of %s from worker pid=%s", state, key, pid
                 )
             elif state is not None and key in self.running:
                 self.change_state(key, state, remove_running=False)
-        elif released or self._worker_tasks.get(pid) == key:
+        elif held:
             # Its worker is idle again whatever became of the key: a worker is sent one workload at a
-            # time, and one never marked idle would never be sent another. (One released when its result
-            # was read may be running its next workload by now.)
-            if not released:
-                del self._worker_tasks[pid]
-                dispatch = self._holding.pop(pid, None)
-            self._finish_dispatch(key, state, exc, dispatch, pid)
+            # time, and one never marked idle would never be sent another.
+            del self._worker_tasks[pid]
+            self._holding.pop(pid, None)
+            self._unstarted.pop(pid, None)
+            if (sent := self._sent_at.pop(pid, None)) is not None:
+                self._run_times.append(time.monotonic() - sent)
+            self._finish_dispatch(key, cast("WorkloadState", state), exc, dispatch, pid)
 
     def end(self) -> None:
         """End the executor."""
@@ -1091,8 +1073,7 @@ class LocalExecutor(BaseExecutor):
         except (KeyboardInterrupt, SystemExit):
             self.log.error("KeyboardInterrupt received during shutdown. Force terminating workers.")
             self._stop_dispatching()
-            for proc in self.workers.values():
-                self._terminate_worker_process(proc)
+            self._stop_workers(list(self.workers))
             # Their complete frames are read, a partial one is dropped: nothing here can block.
             if exited := [pid for pid, proc in self.workers.items() if _exited(proc)]:
                 self._reap_workers(exited)
@@ -1110,8 +1091,7 @@ class LocalExecutor(BaseExecutor):
         """Terminate all worker processes under control of the executor forcefully."""
         self.log.info("Terminating all LocalExecutor worker processes.")
         self._stop_dispatching()
-        for proc in self.workers.values():
-            self._terminate_worker_process(proc)
+        self._stop_workers(list(self.workers))
 
         # Then what they started and left running; they are reaped only once that is dead (their pids
         # are the session ids it is found by). Results are not read any more.
@@ -1120,16 +1100,20 @@ class LocalExecutor(BaseExecutor):
         for pid in exited:
             self.workers[pid].join(timeout=0)
 
-    def _terminate_worker_process(self, proc: multiprocessing.Process) -> None:
-        """Terminate a worker process, escalating to kill if it stays alive; it is left for the executor to reap."""
-        if _exited(proc):
-            return
-
-        proc.terminate()
-        if not _wait_exited(proc, timeout=0.2):
-            self.log.warning("Worker process %s did not stop after SIGTERM. Sending SIGKILL.", proc.pid)
-            proc.kill()
-            _wait_exited(proc, timeout=0.2)
+    def _stop_workers(self, pids: Collection[int]) -> None:
+        """SIGTERM the workers, then SIGKILL those alive 0.2 s later; the executor reaps them afterwards."""
+        # All at once: one worker after another, parallelism workers that ignore SIGTERM (task-sdk's
+        # supervisor defers it while a task runs) took parallelism x 0.2 s.
+        procs = [self.workers[pid] for pid in pids if not _exited(self.workers[pid])]
+        for stop in ("terminate", "kill"):
+            for proc in procs:
+                getattr(proc, stop)()
+            deadline = time.monotonic() + 0.2
+            procs = [p for p in procs if not _wait_exited(p, timeout=max(0.0, deadline - time.monotonic()))]
+            if procs and stop == "terminate":
+                self.log.warning(
+                    "Workers %s did not stop after SIGTERM. Sending SIGKILL.", [p.pid for p in procs]
+                )
 
     def _process_workloads(self, workload_list):
         with self._held_off:
@@ -1230,8 +1214,7 @@ class LocalExecutor(BaseExecutor):
         self.queued_tasks.pop(key, None)
         with self._held_off:
             holders = [pid for pid, task_key in self._worker_tasks.items() if task_key == key]
-            for pid in holders:
-                self._terminate_worker_process(self.workers[pid])
+            self._stop_workers(holders)
             self._forget_workload(key)
             self.running.discard(key)
             # What they started is dead before the scheduler can queue the key again.
