@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_options import e2e_options
 
 from tools.measure.e2e import cli, driver, throughput
 from tools.measure.e2e.stack import AirflowStack, StackConfig
 from tools.measure.e2e.throughput import Figures, StageRow
-from tools.shared import pins
 from tools.shared.errors import ToolError
 
 # SQLAlchemy 2.0's text (sqlalchemy/pool/impl.py, QueuePool._do_get) at Airflow's pool settings.
@@ -172,20 +172,7 @@ def test_the_table_shows_each_rounds_failed_tasks_and_pool_timeouts() -> None:
 
 
 def _opts(**kw: Any) -> driver.Options:
-    base: dict[str, Any] = dict(
-        line=pins.get_line("3.3"),
-        stage=None,
-        db="postgres",
-        parallelism=16,
-        scenarios=["throughput"],
-        deadline=120.0,
-        stop_bound=30.0,
-        task_seconds=2.0,
-        out=Path("/nonexistent"),
-        compare=[0, None],
-    )
-    base.update(kw)
-    return driver.Options(**base)
+    return e2e_options(**{"db": "postgres", "compare": [0, None], **kw})
 
 
 def test_compare_tables_take_failed_tasks_and_pool_timeouts_from_every_round() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_options import e2e_options
 
 from tools.measure.e2e import cli, driver, judge, throughput
 from tools.measure.e2e.throughput import Figures, StageRow
 from tools.measure.e2e.watch import RestApi, TaskSnap, WatchResult
-from tools.shared import pins
 from tools.shared.errors import ToolError
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -173,21 +173,7 @@ def test_median_of_rounds_and_their_walls_in_the_table() -> None:
 
 
 def _opts(tmp_path: Path, **kw: Any) -> driver.Options:
-    base: dict[str, Any] = dict(
-        line=pins.get_line("3.3"),
-        stage=None,
-        db="sqlite",
-        parallelism=16,
-        scenarios=["throughput"],
-        deadline=120.0,
-        stop_bound=30.0,
-        task_seconds=2.0,
-        out=tmp_path,
-        tasks=200,
-        compare=[0, 9],
-    )
-    base.update(kw)
-    return driver.Options(**base)
+    return e2e_options(**{"out": tmp_path, "tasks": 200, "compare": [0, 9], **kw})
 
 
 def test_compare_tables_from_stage_reports(tmp_path: Path) -> None:
