@@ -116,7 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help=(
             "record the scheduler's loops from inside it (a hook put into the e2e venv for the session): "
-            "how many, how many queued something, their CPU and the time the executor's heartbeat took"
+            "how many, how many queued something, their CPU and the time the executor's heartbeat took "
+            "(always on in the throughput scenario, whose CPU table needs the heartbeat's CPU)"
         ),
     )
     p.add_argument(

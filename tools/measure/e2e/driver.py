@@ -52,7 +52,10 @@ throughput
     PythonOperator tasks, ``max_active_tasks`` as high, nothing killed. It passes when the run
     succeeds with every task on its first try; what it is for are its figures
     (``tools.measure.e2e.throughput``): wall time from the first task queued to the last one ended,
-    tasks/s, and the queued-to-start (and scheduled-to-start) p50/p95 of the task instances.
+    tasks/s, and the queued-to-start (and scheduled-to-start) p50/p95 of the task instances; and
+    (``tools.measure.e2e.cputime``) each component's CPU per finished task between the trigger and
+    the run's end, the tasks/s ceiling that sets on this machine's cores, and the executor's own CPU
+    per task (its ``heartbeat()``'s, from the loop trace, always on here).
     ``[scheduler] task_queued_timeout`` is 600 s there (30 s otherwise): the unpatched base's
     queue gets deeper than 30 s, and a requeue would change what is measured; with SQLite a
     connection waits up to 60 s for the database lock (5 s otherwise). Not in the default set:
@@ -82,8 +85,9 @@ main DAG would reach every worker in one wave.
 
 ``--compare-stages 0,9`` runs the selected scenarios once per stage (``full`` = the series
 overlay) in one invocation, each stage's executor installed in turn, and ends with a table of
-each stage's throughput figures as ratios to the first stage's; ``--rounds N`` runs that cycle
-N times, interleaved (0,9,0,9), and the table holds each stage's medians.
+each stage's throughput figures as ratios to the first stage's, and a second one of its CPU per
+finished task and ceiling (``cputime.compare``); ``--rounds N`` runs that cycle N times,
+interleaved (0,9,0,9), and the tables hold each stage's medians.
 
 Every process the session starts is stopped by pid, on success and failure alike. The JSON
 report goes to ``build/e2e/report.json`` (and a timestamped copy); each stack's logs stay in
@@ -109,7 +113,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tools.engine import venvs
-from tools.measure.e2e import looptrace, orphan, procfs, throughput
+from tools.measure.e2e import cputime, looptrace, orphan, procfs, throughput
 from tools.measure.e2e.celery import Redis
 from tools.measure.e2e.judge import N_TASKS, Kill, judge
 from tools.measure.e2e.stack import AirflowStack, Postgres, StackConfig, StackError, tail
@@ -249,7 +253,7 @@ def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str
         env["AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL"] = f"{QT_CHECK_INTERVAL:g}"
     if opts.min_heartbeat_interval is not None:
         env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = str(opts.min_heartbeat_interval)
-    if opts.trace_loops:
+    if traces_loops(opts, name):
         env[looptrace.ENV] = str(home / looptrace.TRACE_FILE)
     if opts.executor == "package":
         from tools.delivery import package
@@ -257,6 +261,13 @@ def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str
         env["AIRFLOW__CORE__EXECUTOR"] = package.EXECUTOR_CLASS
     env.update(opts.airflow_env)
     return env
+
+
+def traces_loops(opts: Options, name: str | None = None) -> bool:
+    """Whether the scheduler's loops are recorded (in scenario ``name``; None: in any of the session's).
+    Always in throughput: the executor's CPU per task (its heartbeat's) comes from the trace."""
+    names = opts.scenarios if name is None else [name]
+    return opts.trace_loops or "throughput" in names
 
 
 def db_pool_size(opts: Options) -> int | None:
@@ -760,29 +771,6 @@ def component_pool_timeouts(logs: Path) -> dict[str, int]:
     return {p.stem: n for p in found if (n := throughput.pool_timeouts(p)) is not None}
 
 
-def _cpu_by_component(stack: AirflowStack) -> dict[str, float]:
-    """CPU seconds each component has used so far: the scheduler's own process (its threads, the
-    executor's included) apart from its workers and their task processes."""
-    out: dict[str, float] = {}
-    stats = procfs.all_stats()
-    by_pid = {s.pid: s for s in stats}
-    procs = dict(stack.procs)
-    workers = getattr(stack, "workers", None)  # --executor celery: the Celery workers, with their tasks
-    if workers is not None:
-        procs.update({p.name: p for p in workers.procs})
-    for name, proc in procs.items():
-        if proc.popen is None or proc.pid not in by_pid:
-            continue
-        tree = procfs.tree_cpu_seconds(proc.pid, stats)
-        if name == "scheduler":
-            own = by_pid[proc.pid].cpu_seconds(reaped_children=False)
-            out["scheduler"] = round(own, 1)
-            out["workers+tasks"] = round(tree - own, 1)
-        else:
-            out[name] = round(tree, 1)
-    return out
-
-
 def _title_or_gone(pid: int) -> str:
     try:
         return procfs.cmdline(pid)[:60]
@@ -911,7 +899,7 @@ class ScenarioRunner:
         deadline = scenario_deadline(name, self.opts.deadline, self.opts.tasks)
         marks = home / ORPHAN_MARKS_FILE if name == "kill-orphan" else None
         extra_env = scenario_env(self.opts, name, dag, home)
-        trace = home / looptrace.TRACE_FILE if self.opts.trace_loops else None
+        trace = home / looptrace.TRACE_FILE if traces_loops(self.opts, name) else None
         cfg = StackConfig(
             venv=self.venv_path,
             home=home,
@@ -951,6 +939,8 @@ class ScenarioRunner:
         tries: dict[str, list[Json]] = {}
         throughput_tis: list[Json] = []
         throughput_run: Json | None = None
+        cpu_roots: list[cputime.Root] = []
+        cpu_marks: list[cputime.Snapshot] = []  # the CPU window: at the trigger, at the run's end
         t0_wall = datetime.now(timezone.utc)
         size = f"{dag.n_tasks} tasks, " if name == "throughput" else ""
         self.say(
@@ -972,6 +962,9 @@ class ScenarioRunner:
             if name in BEFORE:
                 BEFORE[name](run)
                 time.sleep(1.0)  # let the scheduler's next sync see the dead worker
+            if name == "throughput":
+                cpu_roots = cputime.roots_of(stack, self.pg)
+                cpu_marks.append(cputime.take(cpu_roots))
             t0_wall = datetime.now(timezone.utc)
             run.watcher.start_clock()
             if run.kill is not None and name in BEFORE:
@@ -985,6 +978,8 @@ class ScenarioRunner:
                 0.0,
             )
             watch = self._watch(run, failures)
+            if cpu_marks:
+                cpu_marks.append(cputime.take(cpu_roots))
             timings["run_s"] = round(watch.elapsed, 2) if watch.final else None
             timings["first_running_s"] = next(
                 (round(tr.t, 2) for tr in watch.transitions if tr.state == "running"), None
@@ -1033,12 +1028,13 @@ class ScenarioRunner:
                 # a Ctrl-C goes straight to the stop, without waiting for the supervisors
                 if self.opts.executor == "celery" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
                     failures += celery_at_end(run)
-                if name == "throughput":
-                    run.extra["cpu_s"] = _cpu_by_component(stack)
-                    run.event("cpu: " + ", ".join(f"{k} {v:.1f} s" for k, v in run.extra["cpu_s"].items()))
                 if trace is not None and run.watcher.t0 is not None:
-                    end = run.watcher.t0 + watch.elapsed if watch and watch.final else time.monotonic()
-                    if loops := looptrace.summarise(trace, run.watcher.t0, end):
+                    start, end = run.watcher.t0, time.monotonic()
+                    if watch and watch.final:
+                        end = run.watcher.t0 + watch.elapsed
+                    if len(cpu_marks) == 2:  # the executor's heartbeat CPU over the CPU window itself
+                        start, end = cpu_marks[0].t, cpu_marks[1].t
+                    if loops := looptrace.summarise(trace, start, end):
                         run.extra["loops"] = loops.as_json()
                         run.event(loops.text())
             finally:
@@ -1074,6 +1070,20 @@ class ScenarioRunner:
             run.extra["throughput"] = fig.as_json()
             run.extra["throughput_summary"] = fig.text()
             run.event(f"throughput: {fig.text()}")
+            if len(cpu_marks) == 2:
+                loops = run.extra.get("loops")
+                cpu = cputime.figures(
+                    cpu_marks[0],
+                    cpu_marks[1],
+                    cpu_roots,
+                    fig.ended,
+                    fig.tasks_per_s,
+                    executor_s=loops["heartbeat_cpu_s"] if loops else None,
+                )
+                run.extra["cpu"] = cpu.as_json()
+                run.extra["cpu_s"] = {k: round(v, 2) for k, v in cpu.cpu_s.items()}
+                run.extra["cpu_summary"] = cpu.text()
+                run.event(cpu.text())
         span = max([watch.elapsed if watch else 0.0] + [t for t, _ in run.events] + [1.0])
         t0_for_rows = t0_wall
         rows = rows_from_api(
@@ -1192,7 +1202,7 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
         )
     venv = AirflowVenv(opts.line, opts.out, say, celery=opts.executor == "celery", core=opts.release)
     venv.ensure()
-    site = venvs.purelib(venv.python) if opts.trace_loops else None
+    site = venvs.purelib(venv.python) if traces_loops(opts) else None
     stages = opts.compare or [opts.stage]
     reports: list[Json] = []
     pg: Postgres | None = None
@@ -1243,6 +1253,11 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
             "session_s": round(time.monotonic() - t_session, 1),
             "passed": passed,
             "tables": tables,
+            "cpu_per_task": {
+                name: [r.as_json() for r in rows]
+                for name in opts.scenarios
+                if (rows := cpu_rows(opts, reports, name))
+            },
             "stages": reports,
         }
         path.write_text(json.dumps(combined, indent=2, default=str) + "\n")
@@ -1327,21 +1342,41 @@ def _stage_session(
     return report
 
 
+def _stage_runs(reports: Sequence[Json], name: str) -> list[tuple[int | None, list[Json | None], list[Json]]]:
+    """Per stage, in the order first run: scenario ``name``'s result in each round, and the passed ones."""
+    out: list[tuple[int | None, list[Json | None], list[Json]]] = []
+    for stage in dict.fromkeys(rep["stage"] for rep in reports):
+        runs = [
+            next((s for s in rep["scenarios"] if s["name"] == name), None)
+            for rep in reports
+            if rep["stage"] == stage
+        ]
+        out.append((stage, runs, [sc for sc in runs if sc and sc["passed"]]))
+    return out
+
+
+def cpu_rows(opts: Options, reports: Sequence[Json], name: str) -> list[cputime.CpuRow]:
+    """Per stage, the medians of the CPU figures of its passed runs of ``name``; empty if no run has them."""
+    rows = [
+        cputime.median_row(
+            stage_label(stage, opts.executor),
+            [cputime.CpuFigures.from_json(sc["extra"]["cpu"]) for sc in ok if sc["extra"].get("cpu")],
+        )
+        for stage, _, ok in _stage_runs(reports, name)
+    ]
+    return rows if any(r.runs for r in rows) else []
+
+
 def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
     """Per scenario with throughput figures: the stages side by side (each stage's median over its
-    passed rounds; a failed run gives no figures), ratios to the first stage."""
+    passed rounds; a failed run gives no figures), ratios to the first stage; then the CPU per task
+    and the ceiling it sets, and the scheduler's loops."""
     out: dict[str, str] = {}
     stages = list(dict.fromkeys(rep["stage"] for rep in reports))
     for name in opts.scenarios:
         rows: list[throughput.StageRow] = []
         traced: list[tuple[str, list[tuple[looptrace.LoopTrace, float | None]]]] = []
-        for stage in stages:
-            runs = [
-                next((s for s in rep["scenarios"] if s["name"] == name), None)
-                for rep in reports
-                if rep["stage"] == stage
-            ]
-            ok = [sc for sc in runs if sc and sc["passed"]]
+        for stage, runs, ok in _stage_runs(reports, name):
             # A failed run's figures (a stack that died halfway) would only skew the median.
             figs = [
                 throughput.Figures(**sc["extra"]["throughput"]) for sc in ok if sc["extra"].get("throughput")
@@ -1387,8 +1422,14 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                 + (f"; medians of {n} rounds" if n > 1 else "")
             )
             out[name] = throughput.compare(rows, title)
+            if cpu := cpu_rows(opts, reports, name):
+                out[f"{name} cpu"] = cputime.compare(
+                    cpu,
+                    f"{name}: CPU per finished task and the ceiling it sets on this machine; "
+                    f"ratios to {cpu[0].label}" + (f"; medians of {n} rounds" if n > 1 else ""),
+                )
         if any(runs for _, runs in traced):
-            out[f"{name} loops"] = looptrace.compare(traced, f"{name}: the scheduler's loops (--trace-loops)")
+            out[f"{name} loops"] = looptrace.compare(traced, f"{name}: the scheduler's loops (loop trace)")
     return out
 
 
@@ -1410,7 +1451,13 @@ def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) 
             f"{ready:>7}{run_t:>10}  {detail}"
         )
     for r in results:
-        for key in ("sigterm_summary", "orphan_summary", "throughput_summary", "celery_summary"):
+        for key in (
+            "sigterm_summary",
+            "orphan_summary",
+            "throughput_summary",
+            "cpu_summary",
+            "celery_summary",
+        ):
             if r.extra.get(key):
                 lines.append(f"{r.name}: {r.extra[key]}")
     return "\n".join(lines)

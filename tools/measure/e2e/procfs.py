@@ -56,7 +56,7 @@ def wchan(pid: int) -> str:
     return _read(f"/proc/{pid}/wchan").decode(errors="replace").strip()
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,13 @@ class Stat:
     # Clock ticks of proc(5) fields 14-17: utime, stime, cutime, cstime (its threads, then its
     # reaped children).
     ticks: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # Field 22, clock ticks after boot: with the pid, it tells a process from one that reuses its pid.
+    starttime: int = 0
 
     def cpu_seconds(self, reaped_children: bool = True) -> float:
         """CPU time it used (all its threads), plus what its reaped children used if asked."""
         used = sum(self.ticks) if reaped_children else self.ticks[0] + self.ticks[1]
-        return used / _TICKS
+        return used / TICKS
 
 
 def stat(pid: int) -> Stat:
@@ -82,7 +84,13 @@ def stat(pid: int) -> Stat:
     rest = raw[raw.rindex(")") + 2 :].split()  # rest[0] is field 3
     u, s, cu, cs = (int(x) for x in rest[11:15])
     return Stat(
-        pid=pid, state=rest[0], ppid=int(rest[1]), pgid=int(rest[2]), sid=int(rest[3]), ticks=(u, s, cu, cs)
+        pid=pid,
+        state=rest[0],
+        ppid=int(rest[1]),
+        pgid=int(rest[2]),
+        sid=int(rest[3]),
+        ticks=(u, s, cu, cs),
+        starttime=int(rest[19]),
     )
 
 
