@@ -549,6 +549,12 @@ def fake_run(workload: Any) -> None:
         give_up = time.monotonic() + spec.get("wait_timeout", 60)
         while not os.path.exists(wait_for) and time.monotonic() < give_up:
             time.sleep(0.01)
+    if left_for := spec.get("leave_behind"):
+        # A process the task leaves running (a daemon it started), holding all it inherited from the worker.
+        if (left := os.fork()) == 0:
+            time.sleep(left_for)
+            os._exit(0)
+        Path(spec["started_dir"], f"left_behind.{left}").touch()
     if seconds := spec.get("sleep"):
         time.sleep(seconds)
     if fail_bytes := spec.get("fail_bytes"):
@@ -643,6 +649,9 @@ def _run_task_process(
                     os.waitpid(grandchild, 0)
                     os._exit(0)
                 os.setsid()
+                if spec.get("fork_on_usr1"):
+                    # One more process of the task when the test says: the child marks on as its parent did.
+                    signal.signal(signal.SIGUSR1, lambda *_: os.fork())
             _mark(marks, tag, seconds)
         finally:
             os._exit(0)

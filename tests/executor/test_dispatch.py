@@ -19,7 +19,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import struct
 import tempfile
 from collections import deque
 from pathlib import Path
@@ -203,22 +205,41 @@ class _Killable(_Proc):
 
 class _Pipe:
     """
-    A stand-in for a worker's pipe: a copy of each frame written to it; a ``broken`` one raises EPIPE.
+    A stand-in for a worker's pipe: a real pipe, non-blocking as the executor's end of a worker's is, whose
+    frames the test reads back; a ``broken`` one has lost its reader (EPIPE).
 
-    Not a Mock: ``_send_workload`` writes a memoryview of the BytesIO it pickled into, a Mock keeps its
-    arguments, and a Mock is a reference cycle. Collected by the GC later, the BytesIO would be
-    finalized with its buffer still exported: its close() raises BufferError, which Python 3.13 reports
-    as an unraisable exception in whatever test runs then.
+    A real pipe, not a Mock: ``_send_workload`` writes to its file descriptor, and a Mock keeping the
+    memoryview of the BytesIO it pickled into is a reference cycle. Collected by the GC later, the BytesIO
+    would be finalized with its buffer still exported: its close() raises BufferError, which Python 3.13
+    reports as an unraisable exception in whatever test runs then.
     """
 
     def __init__(self, broken: bool = False) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
         self.broken = broken
-        self.sent: list[bytes] = []
+        if broken:
+            os.close(self._read)
 
-    def send_bytes(self, data) -> None:
+    def fileno(self) -> int:
+        return self._write
+
+    @property
+    def sent(self) -> list[bytes]:
+        """The frames written so far (each a length, then that many bytes), as the worker would read them."""
         if self.broken:
-            raise BrokenPipeError(32, "Broken pipe")
-        self.sent.append(bytes(data))
+            return []
+        os.set_blocking(self._read, False)
+        data = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(self._read, 65536):
+                data += chunk
+        frames = []
+        while data:
+            (size,) = struct.unpack("!i", data[:4])
+            frames.append(data[4 : 4 + size])
+            data = data[4 + size :]
+        return frames
 
 
 def _really_sending(executor, pids, broken=()):

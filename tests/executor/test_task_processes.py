@@ -27,6 +27,7 @@ never run side by side.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -225,3 +226,82 @@ def test_a_worker_reaped_by_someone_else_is_seen_dead(start_method):
     # It was taken for alive for ever: its key never failed, its slot never freed, and end() never returned.
     outcome = run_scenario(worker_reaped_by_someone_else, start_method=start_method, deadline=90)
     assert outcome == {"states": {"held": "failed", "after": "success"}, "forgotten": True}
+
+
+def kill_worker_whose_task_forks_after_the_scan() -> dict:
+    """A process of the task, in a session of its own, starts another just after the executor found it."""
+    from airflow.executors import local_executor
+
+    executor = new_executor(1)
+    marks = str(Path(tempfile.mkdtemp(), "marks"))
+    started_dir = tempfile.mkdtemp()
+    fake = {
+        "started_dir": started_dir,
+        "marks": marks,
+        "mark_as": "try1",
+        "mark_for": 10.0,
+        "mark_in_own_session": True,
+        "fork_on_usr1": True,
+    }
+    first = make_workload("task", fake=fake)
+    key = key_of(first)
+    dispatch(executor, [first])
+
+    def task_marking() -> bool:
+        executor.sync()
+        return bool(_pids(marks, "try1"))
+
+    assert wait_until(task_marking, timeout=60), "the task process never started"
+    (worker,) = (int(name.rsplit(".", 1)[1]) for name in os.listdir(started_dir))
+    (marker,) = _pids(marks, "try1")
+    scan = getattr(local_executor, "_left_behind", None)
+    scans: list[dict] = []
+
+    def scan_then_fork(sessions):
+        found = scan(sessions)
+        scans.append(found)
+        if len(scans) == 1 and found and marker in found:
+            # The marker starts another process between the scan that found it and its kill.
+            os.kill(marker, signal.SIGUSR1)
+            wait_until(lambda: _pids(marks, "try1") - {marker}, timeout=10)
+        elif len(scans) == 2:
+            # A slower scan: the marker, if it was killed, is gone by the time /proc is read again.
+            wait_until(lambda: _dead(marker), timeout=1)
+            found = scan(sessions)
+        return found
+
+    if scan is not None:  # no scan before the executor kills what a dead worker left
+        local_executor._left_behind = scan_then_fork
+    os.kill(worker, signal.SIGKILL)
+    killed_at = time.monotonic()
+    while key not in executor.event_buffer and time.monotonic() - killed_at < 30:
+        executor.sync()
+    reported_at = time.monotonic()
+    started = _pids(marks, "try1")
+    alive = sorted(pid for pid in started if not _dead(pid))
+    time.sleep(5 * MARK_INTERVAL)
+    after = _marks_after(marks, "try1", reported_at)
+    for pid in alive:  # what the executor left running must not outlive the test either
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    failed = str(executor.event_buffer.get(key, ("missing",))[0])
+    executor.end()
+    return {
+        "failed": failed,
+        "started_after_the_scan": len(started - {marker}),
+        "alive_when_reported": alive,
+        "marks_after_report": after,
+    }
+
+
+@pytest.mark.fixed_by(KILL_TASKS_PATCH)
+def test_a_process_started_after_the_scan_is_killed_too():
+    # A killed process's children go to a reaper: one started between the scan that found its parent and
+    # the parent's kill was never found, and ran beside the retry.
+    outcome = run_scenario(kill_worker_whose_task_forks_after_the_scan, start_method="fork", deadline=90)
+    assert outcome == {
+        "failed": "failed",
+        "started_after_the_scan": 1,
+        "alive_when_reported": [],
+        "marks_after_report": 0,
+    }

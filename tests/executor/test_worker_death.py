@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -188,6 +189,36 @@ def test_key_dispatched_to_a_worker_that_dies_before_starting_it_is_not_left_que
     else:
         assert outcome["states"]["orphan"] == "success", outcome
     assert outcome["running"] == 0
+
+
+def kill_worker_sent_a_large_workload() -> dict:
+    """The only worker is stopped with a process it started still holding its input pipe, is sent a
+    workload larger than a pipe holds, and is killed while the executor writes it."""
+    executor = new_executor(1)
+    started_dir = tempfile.mkdtemp()
+    # The task leaves a process behind, which holds (as everything the worker forks) the worker's end of
+    # its input pipe: once the worker is dead the pipe is never read, and never broken either.
+    first = make_workload("first", fake={"started_dir": started_dir, "leave_behind": 60})
+    dispatch(executor, [first])
+    states = wait_for_states(executor, [key_of(first)], timeout=30)
+    (pid,) = _started_pids(started_dir, "first")
+    os.kill(pid, signal.SIGSTOP)
+    killer = subprocess.Popen(["sh", "-c", f"sleep 1; kill -9 {pid}"])
+    large = make_workload("large", fake={"padding": "x" * (4 * 65536)})
+    dispatch(executor, [large])  # the write waited for the stopped worker, for ever once it was dead
+    states.update(wait_for_states(executor, [key_of(large)], timeout=30))
+    killer.wait()
+    for left in _started_pids(started_dir, "left_behind"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(left, signal.SIGKILL)
+    executor.end()
+    return {"states": states}
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_a_workload_larger_than_a_pipe_goes_to_another_worker_when_its_worker_dies(start_method):
+    outcome = run_scenario(kill_worker_sent_a_large_workload, start_method=start_method, deadline=30)
+    assert outcome == {"states": {"first": "success", "large": "success"}}
 
 
 # --------------------------------------------------------------------------------------

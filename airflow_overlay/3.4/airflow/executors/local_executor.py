@@ -144,15 +144,17 @@ _WAITID = hasattr(os, "waitid")
 
 
 def _exited(proc: multiprocessing.Process) -> bool:
-    """Whether the worker has exited. It is not reaped (WNOWAIT): its pid, its session id, stays taken."""
-    if not _WAITID:
-        return not proc.is_alive()
-    try:
-        return os.waitid(os.P_PID, cast("int", proc.pid), os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        # Reaped already, not by the executor (_kill_left_behind() says so): it has exited. is_alive()
-        # would say it runs, for ever: its waitpid() fails the same way, which multiprocessing reads as alive.
-        return True
+    """Whether the worker has exited."""
+    if _WAITID:  # not reaped (WNOWAIT): its pid, its session id, stays taken
+        try:
+            status = os.waitid(os.P_PID, cast("int", proc.pid), os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            # Reaped already, not by the executor (_kill_left_behind() says so): it has exited. is_alive()
+            # would say it runs, for ever: its waitpid() fails the same way, which multiprocessing reads as
+            # alive.
+            return True
+        return status is not None
+    return not proc.is_alive()
 
 
 def _wait_exited(proc: multiprocessing.Process, timeout: float | None = None) -> bool:
@@ -235,6 +237,12 @@ def _pidfd_exited(pidfd: int) -> bool:
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     return bool(poller.poll(0))
+
+
+def _stopped(pid: int, pidfd: int) -> bool:
+    """Whether a process sent SIGSTOP has stopped, or exited: either way it starts nothing more."""
+    fields = _stat_fields(pid)
+    return _pidfd_exited(pidfd) or fields is None or fields[0] in (b"T", b"t", b"Z", b"X")
 
 
 # A result frame: its length, then the pickled (key, state, exc).
@@ -693,7 +701,7 @@ class LocalExecutor(BaseExecutor):
         """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
         with self._held_off:
             self._read_results()
-            # waitid, not the sentinel or EOF: a task process the worker forked keeps both open after the
+            # _exited(), not sentinel or EOF: a task process the worker forked keeps both open after the
             # worker itself is gone.
             if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
                 self._reap_workers(dead)
@@ -725,107 +733,89 @@ class LocalExecutor(BaseExecutor):
                 lost,
                 "this platform has no waitid" if not _WAITID else "not by this executor",
             )
-        give_up = time.monotonic() + self.left_behind_timeout
-        killed: dict[int, int] = {}  # pid -> pidfd of each process signalled, until it has exited
+        if not sessions:
+            return
+        if (found := _left_behind(sessions)) is None or not hasattr(os, "pidfd_open"):
+            self.log.warning(
+                "Without /proc and pidfd, what workers %s started outside their process groups is not killed",
+                sorted(sessions),
+            )
+            for session in sessions:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(session, signal.SIGKILL)
+            return
+        held: dict[int, int] = {}  # pid -> pidfd of each process proven ours and sent SIGSTOP
         spared: set[int] = set()  # processes the executor cannot, or may not, signal
+        # Stop everything, then kill: a killed process's children go to a reaper and can no longer be told
+        # from anyone else's, while a stopped one starts nothing more. A scan that finds nothing new once
+        # everything held has stopped leaves nothing of theirs to find.
+        give_up = time.monotonic() + self.left_behind_timeout
         try:
-            while sessions:
-                found = _left_behind(sessions)
-                if found is None:
-                    self.log.warning(
-                        "This platform has no /proc: what workers %s started outside their process groups "
-                        "is not killed",
-                        sorted(sessions),
+            while True:
+                for pid, parent in found.items():  # parents first
+                    if pid in held or pid in spared:
+                        continue
+                    try:
+                        held[pid] = pidfd = os.pidfd_open(pid)
+                    except ProcessLookupError:
+                        continue
+                    except (
+                        OSError
+                    ) as e:  # ENOSYS: Linux < 5.3; by pid alone, one that exits could be another's
+                        self.log.error(
+                            "Cannot kill pid=%s, started by an exited worker, without pidfd: %s", pid, e
+                        )
+                        spared.add(pid)
+                        continue
+                    # The pidfd names, for good, the process that had ``pid`` when it was opened; until that
+                    # process is reaped it keeps ``pid``, so /proc/pid shows it. It is ours if it is in a
+                    # worker's session (nothing else can be while the worker is unreaped), or if its parent is
+                    # ``parent``, one of ours that is still there afterwards (so it was when this one named it).
+                    fields = _stat_fields(pid)
+                    up = held.get(parent)
+                    if fields is None or not (
+                        int(fields[3]) in sessions
+                        if parent == 0
+                        else up is not None and int(fields[1]) == parent and not _pidfd_exited(up)
+                    ):
+                        os.close(held.pop(pid))
+                        continue
+                    try:
+                        signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+                    except ProcessLookupError:
+                        pass
+                    except (
+                        PermissionError
+                    ):  # another user's (run_as_user): only its own supervisor may stop it
+                        self.log.error("Not allowed to stop pid=%s, started by an exited worker", pid)
+                        spared.add(pid)
+                        os.close(held.pop(pid))
+                if time.monotonic() > give_up:
+                    self.log.error(
+                        "Processes %s started by exited workers did not stop; killing them", sorted(held)
                     )
-                    for session in sessions:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(session, signal.SIGKILL)
-                    return
-                for pid, pidfd in list(killed.items()):
-                    if _pidfd_exited(pidfd):
-                        del killed[pid]
-                        os.close(pidfd)
-                new = {pid: up for pid, up in found.items() if pid not in killed and pid not in spared}
+                    break
+                time.sleep(0.001)
+                stopped = all(_stopped(pid, pidfd) for pid, pidfd in held.items())
+                found = _left_behind(sessions) or {}
+                if stopped and found.keys() <= held.keys() | spared:
+                    break
+            for pidfd in held.values():
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            give_up = time.monotonic() + self.left_behind_timeout
+            while alive := sorted(pid for pid, pidfd in held.items() if not _pidfd_exited(pidfd)):
                 if time.monotonic() > give_up:
                     self.log.error(
                         "Processes %s started by exited workers outlived SIGKILL by %.0fs; giving up on them",
-                        sorted({*new, *killed}),
+                        alive,
                         self.left_behind_timeout,
                     )
                     return
-                # Every process is proven ours before any is killed: a killed parent's children would be
-                # handed to a reaper, and could no longer be told from anyone else's.
-                ours = self._prove_ours(new, sessions, killed, spared)
-                for session in sessions:
-                    # The worker's own process group at once: task processes stay in it before Airflow 3.3.
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(session, signal.SIGKILL)
-                for pid, pidfd in ours.items():
-                    try:
-                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                        killed[pid] = pidfd
-                    except ProcessLookupError:
-                        os.close(pidfd)
-                    except PermissionError:
-                        # Another user's process (run_as_user): only its own supervisor could have stopped it.
-                        self.log.error("Not allowed to kill pid=%s, started by an exited worker", pid)
-                        spared.add(pid)
-                        os.close(pidfd)
-                if not new and not killed:
-                    return
                 time.sleep(0.001)
         finally:
-            for pidfd in killed.values():
+            for pidfd in held.values():
                 os.close(pidfd)
-
-    def _prove_ours(
-        self, found: dict[int, int], sessions: set[int], killed: dict[int, int], spared: set[int]
-    ) -> dict[int, int]:
-        """Return a pidfd for each process of ``found`` (pid -> parent, parents first) proven ours."""
-        if not found:
-            return {}
-        if not hasattr(os, "pidfd_open"):
-            self.log.error("Cannot kill %s, started by exited workers, safely without pidfd", sorted(found))
-            spared.update(found)
-            return {}
-        pidfds: dict[int, int] = {}
-        ours: dict[int, int] = {}
-        try:
-            for pid, parent in found.items():
-                try:
-                    pidfds[pid] = os.pidfd_open(pid)
-                except ProcessLookupError:
-                    continue
-                except OSError as e:  # ENOSYS: Linux < 5.3; by pid alone, one that exits could be another's
-                    self.log.error(
-                        "Cannot kill pid=%s, started by an exited worker, without pidfd: %s", pid, e
-                    )
-                    spared.add(pid)
-                    continue
-                # The pidfd names, for good, the process that had ``pid`` when it was opened; until that
-                # process is reaped it keeps ``pid``, so /proc/pid shows it (once it is reaped, a signal to
-                # it goes nowhere, whoever has ``pid`` by then). It is ours if it is in a worker's session
-                # (nothing else can be while the worker is unreaped), or if its parent is ``parent``, one of
-                # ours that is still running afterwards (so it was that process when this one named it).
-                fields = _stat_fields(pid)
-                if fields is None:
-                    continue
-                if parent == 0:
-                    proven = int(fields[3]) in sessions
-                else:
-                    parent_fd = ours.get(parent, killed.get(parent))
-                    proven = (
-                        parent_fd is not None and int(fields[1]) == parent and not _pidfd_exited(parent_fd)
-                    )
-                if proven:
-                    ours[pid] = pidfds.pop(pid)
-        except BaseException:
-            pidfds.update(ours)
-            raise
-        finally:
-            for pidfd in pidfds.values():
-                os.close(pidfd)
-        return ours
 
     def _reap_worker(self, pid: int) -> None:
         """Forget a dead worker and its pipes; fail the workload it held unless it reported its end."""
@@ -916,11 +906,23 @@ class LocalExecutor(BaseExecutor):
 
     def _send_workload(self, pid: int, workload: ExecutorWorkload | None) -> None:
         data = ForkingPickler.dumps(workload)  # a workload that cannot be pickled fails before any write
+        frame = memoryview(struct.pack("!i", len(data)) + data)  # as the worker's recv_bytes() reads it
+        fd = self._inputs[pid].fileno()
         try:
             # No cyclic wait: only an idle worker is sent a workload, and it writes nothing until it has
             # read all of it, so this write waits at most for that read (in practice not at all: the pipe
-            # is empty and a workload much smaller). Results are read without blocking.
-            self._inputs[pid].send_bytes(data)
+            # is empty and a workload much smaller). But a worker that died while a process it started still
+            # holds its end would never read, so the pipe is non-blocking and a full one waited on only while
+            # the worker lives.
+            while frame:
+                try:
+                    frame = frame[os.write(fd, frame) :]
+                except BlockingIOError:
+                    if _exited(self.workers[pid]):
+                        raise BrokenPipeError(f"worker pid={pid} exited") from None
+                    poller = select.poll()
+                    poller.register(fd, select.POLLOUT)
+                    poller.poll(10)
         except BaseException:
             # EPIPE, or interrupted part way: a torn frame would be read as the start of the next one, so
             # this worker can take nothing more. It never got the whole workload, so it never started it.
@@ -965,6 +967,7 @@ class LocalExecutor(BaseExecutor):
             # after it died, so reading them would never see EOF and writing them never fail.
             input_r.close()
             output_w.close()
+        os.set_blocking(input_w.fileno(), False)
         if TYPE_CHECKING:
             assert p.pid  # Since we've called start
         # Only the executor reaps its workers: multiprocessing reaps every dead child it knows of whenever a
