@@ -258,6 +258,7 @@ def kill_worker_whose_task_forks_after_the_scan() -> dict:
     scans: list[dict] = []
 
     def scan_then_fork(sessions):
+        assert scan is not None
         found = scan(sessions)
         scans.append(found)
         if len(scans) == 1 and found and marker in found:
