@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from e2e_options import e2e_options
 
 from tools.measure.e2e import driver, judge, orphan
 from tools.measure.e2e.judge import Kill
@@ -139,19 +140,7 @@ def test_kill_orphan_gets_its_own_dag_and_a_longer_deadline() -> None:
 
 
 def test_summary_table_prints_the_orphan_figures(tmp_path: Path) -> None:
-    from tools.shared import pins
-
-    opts = driver.Options(
-        line=pins.get_line("3.3"),
-        stage=8,
-        db="sqlite",
-        parallelism=8,
-        scenarios=["kill-orphan"],
-        deadline=120.0,
-        stop_bound=30.0,
-        task_seconds=2.0,
-        out=tmp_path,
-    )
+    opts = e2e_options(stage=8, parallelism=8, scenarios=["kill-orphan"], out=tmp_path)
     fig = orphan.figures(_marks(1, 10, KILL - 2, 40) + _marks(2, 20, KILL + 7, 40), KILL)
     r = driver.ScenarioResult(
         name="kill-orphan",
