@@ -63,18 +63,12 @@ def _pids(marks: str, tag: str) -> set[int]:
     return {pid for t, pid, _ in read_marks(marks) if t == tag}
 
 
-def _marks_after(marks: str, tag: str, since: float) -> int:
-    return sum(1 for t, _, when in read_marks(marks) if t == tag and when > since)
-
-
-def kill_worker_running_a_task(own_session: bool) -> dict:
-    executor = new_executor(2)
-    at_rest = executor.slots_available
-    marks = str(Path(tempfile.mkdtemp(), "marks"))
+def _start_first_try(executor, marks: str, **fake) -> tuple:
+    """Dispatch a task whose task process marks as "try1"; return its key, worker and marking process."""
     started_dir = tempfile.mkdtemp()
-    fake = {"started_dir": started_dir, "marks": marks, "mark_as": "try1", "mark_in_own_session": own_session}
-    first = make_workload("task", fake=fake)
-    key = key_of(first)
+    first = make_workload(
+        "task", fake={"started_dir": started_dir, "marks": marks, "mark_as": "try1", **fake}
+    )
     dispatch(executor, [first])
 
     def task_marking() -> bool:
@@ -83,7 +77,19 @@ def kill_worker_running_a_task(own_session: bool) -> dict:
 
     assert wait_until(task_marking, timeout=60), "the task process never started"
     (worker,) = (int(name.rsplit(".", 1)[1]) for name in os.listdir(started_dir))
-    (task_process,) = _pids(marks, "try1")
+    (marker,) = _pids(marks, "try1")
+    return key_of(first), worker, marker
+
+
+def _marks_after(marks: str, tag: str, since: float) -> int:
+    return sum(1 for t, _, when in read_marks(marks) if t == tag and when > since)
+
+
+def kill_worker_running_a_task(own_session: bool) -> dict:
+    executor = new_executor(2)
+    at_rest = executor.slots_available
+    marks = str(Path(tempfile.mkdtemp(), "marks"))
+    key, worker, task_process = _start_first_try(executor, marks, mark_in_own_session=own_session)
 
     os.kill(worker, signal.SIGKILL)
     killed_at = time.monotonic()
@@ -234,26 +240,9 @@ def kill_worker_whose_task_forks_after_the_scan() -> dict:
 
     executor = new_executor(1)
     marks = str(Path(tempfile.mkdtemp(), "marks"))
-    started_dir = tempfile.mkdtemp()
-    fake = {
-        "started_dir": started_dir,
-        "marks": marks,
-        "mark_as": "try1",
-        "mark_for": 10.0,
-        "mark_in_own_session": True,
-        "fork_on_usr1": True,
-    }
-    first = make_workload("task", fake=fake)
-    key = key_of(first)
-    dispatch(executor, [first])
-
-    def task_marking() -> bool:
-        executor.sync()
-        return bool(_pids(marks, "try1"))
-
-    assert wait_until(task_marking, timeout=60), "the task process never started"
-    (worker,) = (int(name.rsplit(".", 1)[1]) for name in os.listdir(started_dir))
-    (marker,) = _pids(marks, "try1")
+    key, worker, marker = _start_first_try(
+        executor, marks, mark_for=10.0, mark_in_own_session=True, fork_on_usr1=True
+    )
     scan = getattr(local_executor, "_left_behind", None)
     scans: list[dict] = []
 
