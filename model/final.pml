@@ -11,8 +11,8 @@
  *
  * One executor thread (patch 9 keeps the workers busy from the scheduler's own thread, starting none).
  * The scheduler's thread (proctype Executor) is the only reader of results and the only writer of
- * workloads, and changes state only in blocks with SIGTERM and SIGINT held off ("with self._held_off:"):
- * _process_workloads' and _check_workers' (from sync(), and right after _process_workloads).
+ * workloads, and changes state only with SIGTERM and SIGINT held off (``@_held_off`` on each method that
+ * moves a workload): _process_workloads' and _check_workers' (from sync(), and after _process_workloads).
  * slots_available and slots_occupied run the same block without reaping and without starting workers
  * (_refresh: _read_results, then _dispatch_pending(start_workers=False)); the model lets a worker die
  * between any two of its steps, so this step, followed by a death, covers what _refresh does. _check_workers reads and applies results and reaps the dead (one

@@ -13,13 +13,12 @@ on something the final file does not have. Per line and upstream file, from the 
 - the final file's size beside the base's: code lines (no blank, comment-only or docstring line)
   and functions (methods and nested functions included).
 
-The target is churn at most ``TARGET_PERCENT`` of added. Today's series is far above it, and a
-re-cut that folds each removed line back into the patch that would otherwise add it is in
-progress. Until it lands ``lint-series`` holds a ratchet: ``CEILINGS`` records each line's churned
-lines of ``local_executor.py`` as measured when it was last lowered, and lint fails when churn
-rises above it; lower a ceiling to the new figure whenever a re-cut brings churn down (lint says
-so), until every line is at the target. The ceiling counts lines, not a share: adding unrelated
-lines elsewhere would lower the share without taking anything back.
+The target is churn at most ``TARGET_PERCENT`` of added, and every line is under it (3.0-3.2 %).
+``lint-series`` holds a ratchet below it: ``CEILINGS`` records each line's churned lines of
+``local_executor.py`` as measured when it was last lowered, and lint fails when churn rises above
+it, naming the line and the figures; lower a ceiling to the new figure whenever a re-cut brings
+churn down (lint says so). The ceiling counts lines, not a share: adding unrelated lines elsewhere
+would lower the share without taking anything back.
 """
 
 from __future__ import annotations
@@ -38,12 +37,12 @@ from tools.shared.pins import UpstreamFile
 
 TARGET_PERCENT = 5
 # The ratchet, per line: churned lines of local_executor.py at most. The 18-patch series churned
-# 331-334 lines per line (26 %: a handoff thread added by one patch and removed by a later one). The
-# 2026-12-06 re-cut into 10 patches leaves 77-79 (7.4-7.5 %): patch 9 (busy workers, exactly once)
-# rewrites parts of patches 7 and 8's dispatch and reap paths, which it changes the meaning of. Lower
-# each as it shrinks; raise one only where a fix goes into the patch that made the bug, as the series'
-# rule wants, and must touch a line an earlier patch added.
-CEILINGS: dict[str, int] = {"3.3": 79, "3.2": 79, "3.1": 77, "3.4": 79}
+# 331-334 lines per line (26 %: a handoff thread added by one patch and removed by a later one); the
+# first re-cut into 10 patches 77-79 (7.5 %). Patches 7 and 8 now write the dispatch, reap and result
+# paths in their final shape and patch 9 holds signals off with a decorator instead of re-indenting
+# them, leaving 30-32 (3.0-3.2 %): a signature that gains a parameter, a check patch 9 widens. Raise
+# one only where a fix goes into the patch that made the bug and must touch a line an earlier patch added.
+CEILINGS: dict[str, int] = {"3.3": 30, "3.2": 32, "3.1": 30, "3.4": 30}
 RATCHETED = pins.EXECUTOR
 
 BASE = 0  # the tag of the base's lines: patch numbers start at 1

@@ -321,7 +321,7 @@ class _ResultReader:
                 yield _Unreadable(f"{type(e).__name__}: {e}", len(data))
 
 
-class _HeldOff:
+class _HeldOff(contextlib.ContextDecorator):
     """
     In the main thread, hold off SIGTERM's and SIGINT's Python handlers until the outermost block ends.
 
@@ -381,6 +381,10 @@ class _HeldOff:
             signal.raise_signal(signum)  # the scheduler's handler runs at the next bytecode
         if error is not None:
             raise error
+
+
+# One for the process: signal handlers are the process's, not an executor's.
+_held_off = _HeldOff()
 
 
 def _priority_weight(workload: object) -> float:
@@ -662,7 +666,6 @@ class LocalExecutor(BaseExecutor):
         # the queue it was taken from: if that worker dies, the workload goes to another one.
         self._unstarted: dict[int, tuple[workloads.All, dict]] = {}
         self._redispatched: dict[WorkloadKey, int] = {}
-        self._held_off = _HeldOff()
         self._prefetch = 0  # none until started: an executor that runs nothing accepts nothing extra
         # When each busy worker was sent its workload (monotonic), and how long the last ``parallelism``
         # workloads to end took from that to their terminal result: what opens the prefetch room.
@@ -760,7 +763,7 @@ class LocalExecutor(BaseExecutor):
         # The scheduler reads slots_available holding its pool rows locked: reaping a dead worker (a /proc
         # scan, up to left_behind_timeout) and starting workers wait for heartbeat()'s sync().
         if self._started:
-            with self._held_off:
+            with _held_off:
                 self._read_results()
                 self._dispatch_pending(start_workers=False)
 
@@ -769,15 +772,15 @@ class LocalExecutor(BaseExecutor):
         self._started = False
         self._prefetch = 0
 
+    @_held_off
     def _check_workers(self):
         """Reap dead workers, failing the workload each held, then hand pending workloads to idle ones."""
-        with self._held_off:
-            self._read_results()
-            # _exited(), not sentinel or EOF: a task process the worker forked keeps both open after the
-            # worker itself is gone.
-            if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
-                self._reap_workers(dead)
-            self._dispatch_pending()
+        self._read_results()
+        # _exited(), not sentinel or EOF: a task process the worker forked keeps both open after the
+        # worker itself is gone.
+        if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
+            self._reap_workers(dead)
+        self._dispatch_pending()
 
     #: Seconds ``_kill_left_behind()`` waits for the SIGKILLed processes of a dead worker to die before it
     #: gives up on them (a process in uninterruptible sleep dies only once it wakes).
@@ -1073,29 +1076,29 @@ class LocalExecutor(BaseExecutor):
         """Sync will get called periodically by the heartbeat method."""
         self._check_workers()
 
+    @_held_off
     def _read_results(self, timeout: float = 0.0, pids: Collection[int] | None = None) -> None:
         """Apply every complete result waiting, waiting up to ``timeout`` for a result or a worker exit."""
         if timeout:
             readers = [output.conn for output in self._outputs.values() if not output.eof]
             sentinels = [proc.sentinel for proc in self.workers.values()]
             multiprocessing.connection.wait([*readers, *sentinels], timeout)
-        with self._held_off:
-            for pid in list(self._outputs) if pids is None else pids:
-                for result in self._outputs[pid].read():
-                    if isinstance(result, _Unreadable):
-                        key = self._worker_tasks.get(pid)
-                        self.log.error(
-                            "Could not read the result of %s from worker pid=%s (%d bytes): %s; failing it",
-                            key,
-                            pid,
-                            result.size,
-                            result.error,
-                        )
-                        if key is not None:
-                            error = f"LocalExecutor could not read the result worker pid={pid} sent"
-                            self._handle_result(pid, key, _failed_state(key), f"{error}: {result.error}")
-                        continue
-                    self._handle_result(pid, *result)
+        for pid in list(self._outputs) if pids is None else pids:
+            for result in self._outputs[pid].read():
+                if isinstance(result, _Unreadable):
+                    key = self._worker_tasks.get(pid)
+                    self.log.error(
+                        "Could not read the result of %s from worker pid=%s (%d bytes): %s; failing it",
+                        key,
+                        pid,
+                        result.size,
+                        result.error,
+                    )
+                    if key is not None:
+                        error = f"LocalExecutor could not read the result worker pid={pid} sent"
+                        self._handle_result(pid, key, _failed_state(key), f"{error}: {result.error}")
+                    continue
+                self._handle_result(pid, *result)
 
     def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState | str | None, exc) -> None:
         if pid not in self.workers:
@@ -1156,7 +1159,7 @@ class LocalExecutor(BaseExecutor):
         finally:
             # What no worker took never ran: it is queued again, as before its dispatch, for the next
             # scheduler to run (its task instance is still queued).
-            with self._held_off:
+            with _held_off:
                 if self._pending:
                     unsent = list(self._pending)
                     self._pending.clear()
@@ -1190,18 +1193,18 @@ class LocalExecutor(BaseExecutor):
                     "Workers %s did not stop after SIGTERM. Sending SIGKILL.", [p.pid for p in procs]
                 )
 
+    @_held_off
     def _process_workloads(self, workload_list):
-        with self._held_off:
-            for workload in workload_list:
-                # It may be sent later, from slots_available: one that cannot be pickled fails here, and
-                # stays queued.
-                ForkingPickler.dumps(workload)
-                taken_from = self._take_queued(workload)
-                key = _workload_key(workload)
-                self.running.add(key)
-                self._dispatch_counts[key] = self._dispatch_counts.get(key, 0) + 1
-                self._newest[key] = workload
-                self._add_pending(workload, taken_from)
+        for workload in workload_list:
+            # It may be sent later, from slots_available: one that cannot be pickled fails here, and
+            # stays queued.
+            ForkingPickler.dumps(workload)
+            taken_from = self._take_queued(workload)
+            key = _workload_key(workload)
+            self.running.add(key)
+            self._dispatch_counts[key] = self._dispatch_counts.get(key, 0) + 1
+            self._newest[key] = workload
+            self._add_pending(workload, taken_from)
         self._check_workers()
         if len(self._pending) > self._prefetch:
             self.log.warning(
@@ -1263,32 +1266,32 @@ class LocalExecutor(BaseExecutor):
         elif key in self.running:
             super().change_state(key, state, info=info, remove_running=remaining <= 0)  # type: ignore[arg-type]
 
+    @_held_off
     def _forget_workload(self, key: WorkloadKey) -> None:
         # A worker holding the key stays busy until it reports its end or dies: it is still running the
         # workload, and a workload sent to it now would wait behind that one. Its dispatch stays counted
         # until then, and ends as an earlier one: a later dispatch of the key is counted apart.
-        with self._held_off:
-            self._redispatched.pop(key, None)
-            self._newest.pop(key, None)
-            kept = deque((w, q) for w, q in self._pending if _workload_key(w) != key)
-            remaining = self._dispatch_counts.pop(key, 0) - (len(self._pending) - len(kept))
-            if remaining > 0:
-                self._dispatch_counts[key] = remaining
-            self._pending = kept
+        self._redispatched.pop(key, None)
+        self._newest.pop(key, None)
+        kept = deque((w, q) for w, q in self._pending if _workload_key(w) != key)
+        remaining = self._dispatch_counts.pop(key, 0) - (len(self._pending) - len(kept))
+        if remaining > 0:
+            self._dispatch_counts[key] = remaining
+        self._pending = kept
 
     def change_state(self, key, state, info=None, remove_running=True) -> None:
         if remove_running:
             self._forget_workload(key)
         super().change_state(key, state, info=info, remove_running=remove_running)
 
+    @_held_off
     def revoke_task(self, *, ti: TaskInstance) -> None:
         key = ti.key
         self.queued_tasks.pop(key, None)
-        with self._held_off:
-            holders = [pid for pid, task_key in self._worker_tasks.items() if task_key == key]
-            self._stop_workers(holders)
-            self._forget_workload(key)
-            self.running.discard(key)
-            # What they started is dead before the scheduler can queue the key again.
-            if exited := [pid for pid in holders if _exited(self.workers[pid])]:
-                self._reap_workers(exited)
+        holders = [pid for pid, task_key in self._worker_tasks.items() if task_key == key]
+        self._stop_workers(holders)
+        self._forget_workload(key)
+        self.running.discard(key)
+        # What they started is dead before the scheduler can queue the key again.
+        if exited := [pid for pid in holders if _exited(self.workers[pid])]:
+            self._reap_workers(exited)
