@@ -140,26 +140,37 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """Type-check each line's overlay against its Airflow, and the tooling (mypy)."""
+    from tools.engine import fetch
+    from tools.lint import new_type_errors
+
     install(session, "mypy", "nox", "pytest")
     for line in LINES:
         try:
             python = venvs.ensure(line)
+            bases = fetch.read_bases(line)
         except ToolError as exc:
             session.error(str(exc))
-        # why: from the overlay root the files are at their installed paths, checked against the
-        # line's installed Airflow and task-sdk (imports followed silently, not reported).
-        with session.chdir(ROOT / "airflow_overlay" / line):
-            session.run(
-                "mypy",
-                "--config-file=",
-                "--python-executable",
-                str(python),
-                "--follow-imports=silent",
-                "--ignore-missing-imports",
-                "--cache-dir",
-                str(ROOT / "build" / "mypy" / line),
-                *(f.package_path for f in pins.UPSTREAM_FILES),
-            )
+        overlay = ROOT / "airflow_overlay" / line
+        files = [f.package_path for f in pins.UPSTREAM_FILES if (overlay / f.package_path).is_file()]
+        # why: the overlay's files at their installed paths, checked against the line's installed
+        # Airflow and task-sdk (imports followed silently); then the same files as released, so
+        # that only what the series adds is reported (upstream's own errors are upstream's).
+        base_tree = ROOT / "build" / "mypy" / f"{line}-released"
+        for f in pins.UPSTREAM_FILES:
+            if f.package_path in files:
+                target = base_tree / f.package_path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(bases[f.repo_path])
+        reports = []
+        for tree, cache in ((overlay, line), (base_tree, f"{line}-released-cache")):
+            with session.chdir(tree):
+                mypy = ["mypy", "--config-file=", "--python-executable", str(python)]
+                mypy += ["--follow-imports=silent", "--ignore-missing-imports"]
+                mypy += ["--cache-dir", str(ROOT / "build" / "mypy" / cache), *files]
+                reports.append(session.run(*mypy, silent=True, success_codes=[0, 1]) or "")
+        if added := new_type_errors(*reports):
+            session.error(f"mypy: the {line} overlay adds {len(added)} error(s): " + "; ".join(added))
+        session.log(f"mypy: the {line} overlay adds no error to {', '.join(Path(f).name for f in files)}")
     session.run("mypy", "--cache-dir", str(ROOT / "build" / "mypy" / "tools"))
     # why: tests/tools/conftest.py is the module "conftest" too; mypy takes one of them per run.
     session.run("mypy", "--cache-dir", str(ROOT / "build" / "mypy" / "tools"), "tests/executor/conftest.py")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -12,13 +13,16 @@ from series_fixtures import BASE_OLDER, BASE_PRIMARY, OLDER, PRIMARY, TESTS, Pro
 from tools.engine.apply import (
     CLEAN,
     FAILED,
+    NOT_APPLICABLE,
     NOT_TRIED,
     RESOLUTION,
     THREE_WAY,
+    Engine,
     describe_apply_error,
     run_apply,
 )
 from tools.engine.series import parse_patch
+from tools.shared import pins
 from tools.shared.pins import REPO_PATH
 
 OVERLAY = "airflow/executors/local_executor.py"
@@ -188,3 +192,33 @@ def test_real_primary_base_when_cached() -> None:
     data = fetch.read_base(pins.PRIMARY)
     assert fetch.sha256_bytes(data) == pins.PRIMARY.source_sha256
     assert b"class LocalExecutor" in data
+
+
+def test_a_patch_of_a_file_a_line_does_not_pin_is_not_applicable_there(tmp_path: Path) -> None:
+    """3.1 has no revoked-token check: the API server's patch is ``n/a``, its tests still applied."""
+    auth = pins.AUTH_MANAGER.repo_path
+    test_file = f"{pins.AUTH_MANAGER.repo_tests_dir}/test_check.py"
+    with_auth = dataclasses.replace(PRIMARY, auth_source_sha256="2" * 64)
+    proj = Project(tmp_path)
+    proj.tree[auth] = "check 1\ncheck 2\n"
+    proj.add("0001-auth.patch", {auth: "check 1\ncheck 2b\n", test_file: "def test_check():\n    pass\n"})
+    proj.add(
+        "0002-both.patch", {REPO_PATH: edit(BASE_PRIMARY, "line 4\n", "line four\n"), auth: "check 1b\n"}
+    )
+    bases = {
+        with_auth.name: {REPO_PATH: BASE_PRIMARY.encode(), auth: b"check 1\ncheck 2\n"},
+        OLDER.name: {REPO_PATH: BASE_OLDER.encode()},
+    }
+    engine = Engine(proj.layout, (with_auth, OLDER), bases=lambda line: bases[line.name])
+
+    older = engine.apply_line(OLDER)
+    primary = engine.apply_line(with_auth)
+
+    assert [p.status for p in primary.patches] == [CLEAN, CLEAN]
+    assert older.patches[0].status == NOT_APPLICABLE
+    assert older.patches[0].detail == "9.0.3 has no base_auth_manager.py: nothing to fix"
+    assert older.stage(1)[REPO_PATH] == BASE_OLDER.encode() and auth not in older.stage(1)
+    assert older.stage(1)[test_file] == b"def test_check():\n    pass\n"
+    # A patch that also changes a file the line pins is the line's to apply, whole or not at all.
+    assert older.patches[1].status == FAILED
+    assert f"{auth}: does not exist" in older.patches[1].detail

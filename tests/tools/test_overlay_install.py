@@ -453,3 +453,55 @@ def test_real_venv_install_smoke_restore(tmp_path: Path, base: bytes) -> None:
     assert env.target.read_bytes() == base
     assert oi.sha256(supervisor.read_bytes()) == LINE.sdk_source_sha256
     assert inst.status().state is oi.OverlayState.PRISTINE
+
+
+# ---------------------------------------------------------------- the API server's token check
+
+AUTH_BASE = b"# stand-in for the API server's base_auth_manager.py\n"
+
+
+@pytest.fixture
+def auth_overlay(overlay_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The primary line pinning AUTH_BASE as its base release's base_auth_manager.py, patched."""
+    line = dataclasses.replace(LINE, auth_source_sha256=oi.sha256(AUTH_BASE))
+    monkeypatch.setattr(pins, "LINES", (line, *pins.LINES[1:]))
+    f = overlay_dir / LINE.name / pins.AUTH_MANAGER.package_path
+    f.parent.mkdir(parents=True)
+    f.write_bytes(AUTH_BASE + b"# lepatch test overlay\n")
+    return overlay_dir
+
+
+def _with_auth(tmp_path: Path, version: str, base: bytes) -> tuple[Path, Path, Path]:
+    python, target = fake_env(tmp_path / "env", version, base)
+    auth = target.parents[2] / pins.AUTH_MANAGER.package_path
+    auth.parent.mkdir(parents=True)
+    auth.write_bytes(AUTH_BASE)
+    return python, target, auth
+
+
+def test_the_api_servers_file_installs_with_the_executor_on_the_base_release_only(
+    tmp_path: Path, base: bytes, auth_overlay: Path
+) -> None:
+    patched = (auth_overlay / LINE.name / pins.AUTH_MANAGER.package_path).read_bytes()
+    python, _, auth = _with_auth(tmp_path / "base", LINE.version, base)
+    make(python, auth_overlay, tmp_path).install()
+    assert auth.read_bytes() == patched
+    record = json.loads((tmp_path / "base" / "env" / oi.STATE_DIR_NAME / oi.RECORD_NAME).read_text())
+    assert [f["file"] for f in record["files"]] == ["local_executor.py", "base_auth_manager.py"]
+    make(python, auth_overlay, tmp_path).restore()
+    assert auth.read_bytes() == AUTH_BASE
+
+    # 3.3.1 ships another base_auth_manager.py than the base's: it is left as released.
+    python, target, auth = _with_auth(tmp_path / "covered", "3.3.1", base)
+    make(python, auth_overlay, tmp_path).install()
+    assert target.read_bytes() != base and auth.read_bytes() == AUTH_BASE
+
+
+def test_only_api_server_installs_the_token_check_alone(
+    tmp_path: Path, base: bytes, auth_overlay: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    python, target, auth = _with_auth(tmp_path, LINE.version, base)
+    args = ["install", "--only", "api-server", "--python", str(python), "--overlay-dir", str(auth_overlay)]
+    assert oi.main(args) == 0, capsys.readouterr().err
+    assert target.read_bytes() == base
+    assert auth.read_bytes() == (auth_overlay / LINE.name / pins.AUTH_MANAGER.package_path).read_bytes()

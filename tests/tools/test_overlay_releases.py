@@ -77,7 +77,8 @@ def test_each_core_release_gets_its_own_supervisor_fix(tmp_path: Path, line: pin
     py = airflow_env(tmp_path, core, sdk)
     inst = oi.OverlayInstaller(py, out=io.StringIO())
     env = inst.inspect()
-    executor, supervisor = (f.target for f in env.files)
+    targets = {f.file: f.target for f in env.files}
+    executor, supervisor = targets[pins.EXECUTOR], targets[pins.SUPERVISOR]
     originals = (executor.read_bytes(), supervisor.read_bytes())
     home = tmp_path / "home"
     home.mkdir()

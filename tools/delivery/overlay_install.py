@@ -411,6 +411,8 @@ class OverlayInstaller:
             if version is None and f is pins.EXECUTOR:
                 raise OverlayError(f"{self.python}: {f.distribution} is not installed in {data['prefix']}")
             target = Path(located).resolve() if located else Path(data["prefix"]) / f.package_path
+            if version is not None and not target.is_file() and f is pins.AUTH_MANAGER:
+                version = None  # a core release without it: the overlay replaces it only where pinned
             if version is not None and not target.is_file():
                 raise OverlayError(
                     f"{target}: {f.distribution} {version} is installed but this file is missing"
@@ -434,10 +436,17 @@ class OverlayInstaller:
         for inst in env.files:
             if self.only is not None and inst.file is not self.only:
                 continue
+            pin = line.pin(inst.file)
             if inst.file is pins.EXECUTOR:
-                out.append((inst, line.pin(inst.file)))
-            elif line.pin(inst.file) is not None and self.overlay_path(line, inst.file).is_file():
+                out.append((inst, pin))
+            elif pin is None or not self.overlay_path(line, inst.file).is_file():
+                continue
+            elif inst.file is pins.SUPERVISOR:
                 out.append((inst, line.supervisor_pin(inst.version)))
+            elif inst.version == pin.version:
+                # why only the base release: the line's other core releases ship their own
+                # versions of the API server's files, and the overlay was verified on the base's
+                out.append((inst, pin))
         return out
 
     def status(self, env: Environment | None = None) -> Status:
@@ -618,8 +627,8 @@ class OverlayInstaller:
                 return False, f"smoke script {self.smoke_script} is missing"
             command = [str(self.python), str(self.smoke_script), "--smoke"]
         else:
-            module = pins.SUPERVISOR.package_path.removesuffix(".py").replace("/", ".")
-            command = [str(self.python), "-I", "-c", f"import {module}"]
+            modules = ", ".join(f.package_path.removesuffix(".py").replace("/", ".") for f in files)
+            command = [str(self.python), "-I", "-c", f"import {modules}"]
         environ = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
         with tempfile.TemporaryDirectory(prefix="lepatch-overlay-smoke-") as home:
             environ["AIRFLOW_HOME"] = home
@@ -709,6 +718,10 @@ class OverlayInstaller:
 # -------------------------------------------------------------------- CLI
 
 
+# ``--only``: one upstream file alone, by the host that runs it.
+ONLY = {"executor": pins.EXECUTOR, "supervisor": pins.SUPERVISOR, "api-server": pins.AUTH_MANAGER}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("install", "status", "restore"))
     parser.add_argument("--python", required=True, type=Path, help="the Airflow environment's interpreter")
@@ -717,13 +730,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="status: print the state and record as JSON")
     parser.add_argument(
         "--only",
-        choices=("executor", "supervisor"),
-        help="install: this file alone (supervisor: any executor's worker host, e.g. Celery's)",
+        choices=tuple(ONLY),
+        help="install: this file alone (supervisor: any executor's worker host, e.g. Celery's; "
+        "api-server: the host of the API server, whatever the executor)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    only = {"executor": pins.EXECUTOR, "supervisor": pins.SUPERVISOR}.get(args.only or "")
+    only = ONLY.get(args.only or "")
     installer = OverlayInstaller(args.python, overlay_dir=args.overlay_dir, only=only)
     try:
         if args.action == "install":

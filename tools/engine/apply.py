@@ -13,6 +13,9 @@ repository at its Airflow repository path, then the patches are applied one at a
 
 anything else is ``FAILED`` with the hunk and line, and the later patches are not tried.
 
+``n/a``: the patch fixes only upstream files the line does not pin (none of them is in its base:
+the API server's revoked-token check arrived in 3.2); its test files are applied alone.
+
 ``upstream``: a line whose base already carries a patch's change (3.4 ships what patches 1-3
 backport). Decided from the trees, before any apply is tried: the change of patches 1..k on
 the primary line (its stage k against its base) is contained in the line's base, that is
@@ -54,8 +57,11 @@ CLEAN = "clean"
 THREE_WAY = "3-way"
 RESOLUTION = "resolution"
 UPSTREAM = "upstream"
+# The line ships none of the upstream files the patch fixes (3.1 checks no revoked tokens): its
+# tests are applied, its code has nothing to change, and its stage equals the one before.
+NOT_APPLICABLE = "n/a"
 FAILED = "FAILED"
-APPLIED = (CLEAN, THREE_WAY, RESOLUTION, UPSTREAM)
+APPLIED = (CLEAN, THREE_WAY, RESOLUTION, UPSTREAM, NOT_APPLICABLE)
 NOT_TRIED = "-"
 
 OVERLAY_PATH = pins.PACKAGE_PATH  # inside airflow_overlay/<line>/
@@ -245,13 +251,16 @@ class Engine:
         layout: Layout = DEFAULT,
         lines: Sequence[Line] = pins.LINES,
         base: Callable[[Line], bytes] | None = None,
+        bases: Callable[[Line], Tree] | None = None,
     ):
         self.layout = layout
         self.lines = tuple(lines)
         # Every upstream file a line pins, at its repository path; ``base`` (the tests' synthetic
-        # lines) gives the executor alone.
+        # lines) gives the executor alone, ``bases`` every file.
         self._bases: Callable[[Line], Tree] = (
-            (lambda line: {pins.REPO_PATH: base(line)})
+            bases
+            if bases is not None
+            else (lambda line: {pins.REPO_PATH: base(line)})
             if base is not None
             else (lambda line: fetch.read_bases(line, layout))
         )
@@ -400,6 +409,14 @@ class Engine:
                 name, FAILED, f"FAILED: patches/series lists {name}, but the file does not exist"
             )
         resolution = self.series.resolution(line.name, name)
+        unpinned = self._unpinned_code(line, patch)
+        if resolution is None and unpinned:
+            excludes = [f"--exclude={p}" for p in unpinned]
+            err = self.try_apply(repo, patch_file, *excludes)
+            if err is not None:
+                return self._failure(line, k, patch, patch_file, err, note=" (its test files)")
+            missing = ", ".join(Path(p).name for p in unpinned)
+            return PatchResult(name, NOT_APPLICABLE, f"{line.version} has no {missing}: nothing to fix")
         if resolution is None:
             err = self.try_apply(repo, patch_file)
             if err is None:
@@ -423,6 +440,18 @@ class Engine:
         if err is not None:
             return self._failure(line, k, resolution, res_file, err, what=f"resolution {line.name}/{name}")
         return PatchResult(name, RESOLUTION)
+
+    def _unpinned_code(self, line: Line, patch: Patch) -> list[str]:
+        """The upstream files ``patch`` changes that ``line`` pins no base of, when it changes no other.
+
+        Empty when the patch changes any upstream file the line does pin: a patch is either for
+        the line or not, never applied in part.
+        """
+        pinned = {pin.file.repo_path for pin in line.pins}
+        code = [p for p in patch.touched if pins.upstream_file(p) is not None]
+        if not code or any(p in pinned for p in code):
+            return []
+        return sorted(code)
 
     def _failure(
         self,

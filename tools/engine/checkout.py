@@ -299,8 +299,8 @@ def refresh_line(engine: Engine, line: Line, repo: Path) -> RefreshReport:
     res_dir = engine.layout.resolutions / line.name
     for k, (commit, name) in enumerate(zip(commits, names[: len(commits)], strict=True), 1):
         patch = engine.series.patches[name]
-        if statuses[k - 1] == engine_mod.UPSTREAM:
-            continue  # the line's base carries it: there is nothing to resolve
+        if statuses[k - 1] in (engine_mod.UPSTREAM, engine_mod.NOT_APPLICABLE):
+            continue  # the line's base carries it, or has none of its files: nothing to resolve
         parent, mine = _tree_of(repo, f"{commit}^"), _tree_of(repo, commit)
         changed = {p for p in set(parent) | set(mine) if parent.get(p) != mine.get(p)}
         pre = primary.stages[k - 1] if k - 1 < len(primary.stages) else None

@@ -259,6 +259,12 @@ def bump(
     source = fetch.sha256_bytes(fetch.read_source(wheel))
     same = source == line.source_sha256
     covers = _sorted_covers({**line.covers, line.version: line.wheel_sha256}) if same else {}
+    # why: the API server's file is pinned on the base release alone; a new base brings its own
+    auth = (
+        fetch.sha256_bytes(fetch.read_source(wheel, pins.AUTH_MANAGER.package_path))
+        if line.auth_source_sha256
+        else ""
+    )
     new = dataclasses.replace(
         line,
         version=version,
@@ -266,8 +272,11 @@ def bump(
         source_sha256=source,
         covers=covers,
         prerelease=is_prerelease(version),
+        auth_source_sha256=auth,
     )
     notes = [f"{line.label} -> {new.label}: wheel {new.wheel_sha256[:12]}, {pins.PACKAGE_PATH} {source[:12]}"]
+    if auth and auth != line.auth_source_sha256:
+        notes.append(f"{pins.AUTH_MANAGER.package_path} differs from {line.version}'s: {auth[:12]}")
     if same:
         notes.append(f"same {pins.PACKAGE_PATH} as {line.version}: covers {', '.join(covers)}")
     else:

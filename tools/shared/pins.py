@@ -49,7 +49,17 @@ SUPERVISOR = UpstreamFile(
     repo_tests_dir="task-sdk/tests/task_sdk/execution_time",
     tests_dir="tests/supervisor",
 )
-UPSTREAM_FILES: tuple[UpstreamFile, ...] = (EXECUTOR, SUPERVISOR)
+# The API server's token check (3.2+: a revoked-token lookup in the database on every request),
+# shipped by apache-airflow-core beside the executor: it stalls every request when the pool is full.
+AUTH_MANAGER = UpstreamFile(
+    name="base_auth_manager.py",
+    distribution=DISTRIBUTION,
+    package_path="airflow/api_fastapi/auth/managers/base_auth_manager.py",
+    repo_path="airflow-core/src/airflow/api_fastapi/auth/managers/base_auth_manager.py",
+    repo_tests_dir="airflow-core/tests/unit/api_fastapi/auth/managers",
+    tests_dir="tests/api_server",
+)
+UPSTREAM_FILES: tuple[UpstreamFile, ...] = (EXECUTOR, SUPERVISOR, AUTH_MANAGER)
 
 
 def upstream_file(repo_path: str) -> UpstreamFile | None:
@@ -100,6 +110,10 @@ class Line:
     # Each core release of the line (base and covers) -> the task-sdk release it requires (``==``):
     # core pins task-sdk exactly, so this pair is the only one pip installs.
     core_sdk: dict[str, str] = field(default_factory=dict)
+    # sha256 of the base release's base_auth_manager.py, on the lines whose API server checks
+    # revoked tokens (3.2+); "" where the series leaves the file alone. The line's other core
+    # releases ship other versions of it: only the base's is patched (docs/releases.md).
+    auth_source_sha256: str = ""
 
     @property
     def label(self) -> str:
@@ -124,6 +138,8 @@ class Line:
                     self.sdk_covers,
                 )
             )
+        if self.auth_source_sha256:
+            out.append(Pin(AUTH_MANAGER, self.version, self.wheel_sha256, self.auth_source_sha256, {}))
         return tuple(out)
 
     def pin(self, file: UpstreamFile) -> Pin | None:
@@ -179,6 +195,7 @@ LINES: tuple[Line, ...] = (
             "3.3.1": "1.3.1",
             "3.3.2": "1.3.2",
         },
+        auth_source_sha256="e427c76d91ed2fa153d54d02bef72b996243e2cb376b5ab75b4628dfe156ca36",
     ),
     Line(
         name="3.2",
@@ -206,6 +223,7 @@ LINES: tuple[Line, ...] = (
             "3.2.1": "1.2.1",
             "3.2.2": "1.2.2",
         },
+        auth_source_sha256="2847e49d4425e526ecb5c4f73571f0fc14d1ad133ba0569782504d0f9b0ed516",
     ),
     Line(
         name="3.1",
@@ -251,6 +269,7 @@ LINES: tuple[Line, ...] = (
         core_sdk={
             "3.4.0b2": "1.4.0b2",
         },
+        auth_source_sha256="41821d2a7e9389a56aacdce403de5d6fd6ffe7684911430fca1d392baec79593",
     ),
 )
 
