@@ -149,8 +149,13 @@ def test_a_rounds_counts_come_from_its_logs_its_figures_and_the_poller(tmp_path:
     )
     poller = uipoll.UiPoller("http://127.0.0.1:1", "d", "r", lambda: 0.0)
     poller.token_source = "cookie"
+    sched = tmp_path / "logs" / "scheduler.log"
+    sched.write_text(
+        f"2026-12-07T02:31:09.7Z [warning  ] {apistall.CLIENT_RETRY_TEXT}, this is the 1st time calling it.\n"
+        * 3
+    )
     run = _FakeRun(extra={"throughput": {"tasks_per_s": 0.59, "failed": 2, "pool_timeouts": 1}})
-    driver._api_stall(cast(driver.Run, run), tmp_path, poller, [TI_C])
+    driver._api_stall(cast(driver.Run, run), tmp_path, poller, [TI_C], sched)
     stall = run.extra["api_stall"]
     assert stall["counts"] == {
         "tasks_per_s": 0.59,
@@ -165,17 +170,20 @@ def test_a_rounds_counts_come_from_its_logs_its_figures_and_the_poller(tmp_path:
         "passed": True,
     }
     assert stall["left_running"] == [TI_C] and stall["poll"]["pool_timeouts"] == 1
+    assert stall["client_retries"] == 3
     assert run.extra["api_stall_summary"].startswith(
         "api-server: 4 requests of 5 s or more, longest 31.2 s "
-        f"(/execution/task-instances/{TI_A}/run); task starts retried 2 (3 repeats); "
+        f"(/execution/task-instances/{TI_A}/run); task starts retried 2 (3 repeats; the client's retry "
+        "lines, any call, 3); "
         "left running with no process 1; UI poller: 3 requests"
     )
     json.dumps(run.extra)  # the report can hold it
     # No poller, no log, no look at the processes: unknown, not zero.
     bare = _FakeRun()
-    driver._api_stall(cast(driver.Run, bare), tmp_path / "none", None, None)
+    driver._api_stall(cast(driver.Run, bare), tmp_path / "none", None, None, tmp_path / "none.log")
     counts = bare.extra["api_stall"]["counts"]
     assert counts["api_slow"] is None and counts["left_running"] is None and counts["poll_errors"] is None
+    assert bare.extra["api_stall"]["client_retries"] is None
     assert bare.extra["api_stall_summary"] == "api-server: no log; left running with no process -"
 
 

@@ -11,8 +11,10 @@ starts retried
     task instances whose start (``PATCH /execution/task-instances/{id}/run``) reached the
     api-server more than once: task-sdk's client gives a call ``[workers] execution_api_timeout``
     (5 s) and sends it again (up to 5 tries over about 31 s). Its retry line (tenacity's
-    ``Starting call to 'airflow.sdk.api.client.Client.request', this is the 2nd time calling it``)
-    does not say which call it retries, so the access log is the count.
+    ``Starting call to 'airflow.sdk.api.client.Client.request', this is the 1st time calling it``,
+    logged by the supervisor, so in the scheduler's log with LocalExecutor, after the try that
+    failed) does not say which call it retries, so the access log is the count; the retry lines
+    of every call are counted beside it (``client_retries``).
 
 And from the driver:
 
@@ -41,6 +43,8 @@ from typing import Any
 from tools.measure.e2e.uipoll import SLOW_REQUEST_S
 
 ACCESS_EVENT = "request finished"
+# tenacity's before_sleep line in task-sdk's client (airflow.sdk.api.client.Client.request, 1.1-1.4).
+CLIENT_RETRY_TEXT = "Starting call to 'airflow.sdk.api.client.Client.request'"
 ACCESS_LOGGER = "http.access"
 _FIELD = re.compile(r"(\w+)=(\S*)")
 TI_RUN = re.compile(r"^/execution/task-instances/([0-9a-fA-F-]{36})/run$")
@@ -125,6 +129,15 @@ def api_log_figures(log: Path) -> ApiFigures | None:
     except OSError:
         return None
     return api_figures(access_records(text))
+
+
+def client_retries(log: Path) -> int | None:
+    """How many times task-sdk's client retried a call (any call), from the log its supervisors
+    write to (None: no log)."""
+    try:
+        return log.read_text(errors="replace").count(CLIENT_RETRY_TEXT)
+    except OSError:
+        return None
 
 
 def running_without_process(tis: Iterable[dict[str, Any]], titles: Iterable[str]) -> list[str]:

@@ -846,9 +846,13 @@ def _left_running(run: Run, tis: list[Json]) -> list[str]:
     return left
 
 
-def _api_stall(run: Run, home: Path, poller: uipoll.UiPoller | None, left: list[str] | None) -> None:
-    """Issue 52's counts of the round into ``run.extra["api_stall"]`` (and its summary line)."""
+def _api_stall(
+    run: Run, home: Path, poller: uipoll.UiPoller | None, left: list[str] | None, supervisor_log: Path
+) -> None:
+    """Issue 52's counts of the round into ``run.extra["api_stall"]`` (and its summary line);
+    ``supervisor_log``: where task-sdk's supervisors log (its client's retry lines)."""
     api = apistall.api_log_figures(home / "logs" / "api-server.log")
+    retries = apistall.client_retries(supervisor_log)
     poll = (
         uipoll.summarise(uipoll.read_records(home / uipoll.RECORDS_FILE), poller.token_source)
         if poller
@@ -871,12 +875,13 @@ def _api_stall(run: Run, home: Path, poller: uipoll.UiPoller | None, left: list[
         "api": api.as_json() if api else None,
         "poll": poll.as_json() if poll else None,
         "left_running": left,
+        "client_retries": retries,
     }
     summary = (
         (
             f"api-server: {api.slow} requests of {uipoll.SLOW_REQUEST_S:g} s or more, longest "
             f"{_secs(api.longest_s)} ({api.longest_path or '-'}); task starts retried {api.starts_retried} "
-            f"({api.start_repeats} repeats)"
+            f"({api.start_repeats} repeats; the client's retry lines, any call, {_count(retries)})"
             if api
             else "api-server: no log"
         )
@@ -1175,18 +1180,17 @@ class ScenarioRunner:
                 run.event(f"stuck in queued (scheduler log): {requeued} requeued, {failed} failed")
             if stop_info.get("leftover_pids_killed"):
                 self.say(f"  killed leftover processes: {stop_info['leftover_pids_killed']['pids']}")
+        # where task-sdk's supervisor logs ("Workload finished", its client's retries): the executor's worker
+        supervisor_log = (
+            home / "logs" / ("celery-worker-1.log" if self.opts.executor == "celery" else "scheduler.log")
+        )
         if throughput_tis:
             # After the stop: a worker's supervisor logs "Workload finished" only once it returns,
             # which for a stalled one is seconds after the run ended.
             fig = throughput.figures(
                 throughput_tis,
                 throughput_run,
-                # where task-sdk's supervisor logs "Workload finished": the executor's worker process
-                scheduler_log=(
-                    home / "logs" / "celery-worker-1.log"
-                    if self.opts.executor == "celery"
-                    else home / "logs" / "scheduler.log"
-                ),
+                scheduler_log=supervisor_log,
                 min_heartbeat_interval=self.opts.min_heartbeat_interval,
                 api_log=home / "logs" / "api-server.log",
             )
@@ -1209,7 +1213,7 @@ class ScenarioRunner:
                 run.event(cpu.text())
         if name == "throughput":
             # After the stop: the access log has a line for every request once it ended.
-            _api_stall(run, home, poller, left_running)
+            _api_stall(run, home, poller, left_running, supervisor_log)
         span = max([watch.elapsed if watch else 0.0] + [t for t, _ in run.events] + [1.0])
         t0_for_rows = t0_wall
         rows = rows_from_api(
