@@ -167,7 +167,6 @@ def test_a_rounds_counts_come_from_its_logs_its_figures_and_the_poller(tmp_path:
         "starts_retried": 2,
         "failed": 2,
         "left_running": 1,
-        "passed": True,
     }
     assert stall["left_running"] == [TI_C] and stall["poll"]["pool_timeouts"] == 1
     assert stall["client_retries"] == 3
@@ -232,6 +231,11 @@ def test_the_rounds_table_puts_the_stages_side_by_side() -> None:
 
 def replace_passed(c: RoundCounts) -> RoundCounts:
     return RoundCounts(**{**c.as_json(), "passed": False})
+
+
+def test_the_counts_json_leaves_the_verdict_to_the_report() -> None:
+    c = _counts(1.0, 1.0)
+    assert "passed" not in c.as_json() and RoundCounts.from_json(c.as_json()) == c
 
 
 def test_compare_tables_add_the_per_round_table() -> None:

@@ -166,10 +166,12 @@ class RoundCounts:
     starts_retried: int | None = None
     failed: int | None = None
     left_running: int | None = None
-    passed: bool = True
+    passed: bool = True  # the scenario's verdict, which the report keeps beside the counts
 
     def as_json(self) -> dict[str, Any]:
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        return {
+            k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items() if k != "passed"
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RoundCounts:

@@ -1089,18 +1089,19 @@ class ScenarioRunner:
                 run.events.append(
                     (run.kill.t, f"SIGKILL {run.kill.detail.split(';')[0]} (pid {run.kill.pid})")
                 )
-            stack.airflow("dags", "trigger", dag.dag_id, "--run-id", run.run_id)
-            run.event(
-                f"airflow dags trigger {dag.dag_id} --run-id {run.run_id} (returned after {run.t():.1f} s)",
-                0.0,
-            )
             if name in UI_POLL_SCENARIOS and self.opts.ui_poll:
+                # The run's page is open as the run starts: the CLI's trigger takes seconds to return.
                 poller = uipoll.UiPoller(stack.api, dag.dag_id, run.run_id, run.t)
                 poller.start()
                 run.event(
                     f"UI poller: {len(poller.paths)} endpoints every {poller.interval:g} s, "
                     f"token {poller.token_source or 'none'}"
                 )
+            stack.airflow("dags", "trigger", dag.dag_id, "--run-id", run.run_id)
+            run.event(
+                f"airflow dags trigger {dag.dag_id} --run-id {run.run_id} (returned after {run.t():.1f} s)",
+                0.0,
+            )
             watch = self._watch(run, failures)
             if cpu_marks:
                 cpu_marks.append(cputime.take(cpu_roots))

@@ -187,12 +187,12 @@ class UiPoller:
     def login(self) -> None:
         """Get the token as the UI does (the login's cookie), else the all-admins token endpoint."""
         try:
-            _, headers, _ = _request(self.host, self.port, "/auth/token/login", None, 10.0)
+            _, headers, _ = _request(self.host, self.port, "/auth/token/login", None, self.timeout)
             self.token = _cookie(headers, TOKEN_COOKIE)
             if self.token:
                 self.token_source = f"{TOKEN_COOKIE} cookie of GET /auth/token/login"
                 return
-            status, _, body = _request(self.host, self.port, "/auth/token", None, 10.0)
+            status, _, body = _request(self.host, self.port, "/auth/token", None, self.timeout)
             if status < 300:
                 self.token = str(json.loads(body)["access_token"])
                 self.token_source = "GET /auth/token"
@@ -235,8 +235,9 @@ class UiPoller:
     def stop(self) -> list[PollRecord]:
         """Stop polling; waits for requests in flight (up to the client timeout). Returns the records."""
         self._stop.set()
+        deadline = time.monotonic() + self.timeout + 5
         for th in self._threads:
-            th.join(self.timeout + 5)
+            th.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
             return sorted(self.records, key=lambda r: r.t)
 
