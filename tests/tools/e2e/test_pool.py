@@ -110,6 +110,26 @@ def test_pool_timeouts_without_uvicorns_record_or_outside_a_request(tmp_path: Pa
     assert throughput.pool_timeouts(js) == 2
 
 
+def test_a_public_api_requests_timeout_logged_without_its_message_counts(tmp_path: Path) -> None:
+    # 3.3.2's database-error handler logs the frames alone (2026-12-07, the driver's GET of the task
+    # instances, answered 500 after 30.4 s): no "QueuePool limit" anywhere in the log.
+    record = (
+        "2026-12-07T02:40:33.761869Z [error    ] Error with id 2eT69wgi, statement: hidden\n"
+        '  File "/v/lib/python3.11/site-packages/sqlalchemy/pool/base.py", line 728, in checkout\n'
+        "    rec = pool._do_get()\n"
+        "          ^^^^^^^^^^^^^^\n"
+        '  File "/v/lib/python3.11/site-packages/sqlalchemy/pool/impl.py", line 165, in _do_get\n'
+        "    raise exc.TimeoutError(\n"
+        " [airflow.api_fastapi.common.exceptions] loc=exceptions.py:80\n"
+    )
+    log = tmp_path / "api-server.log"
+    log.write_text(_access("03.1", 200) + record + _access("34.1", 500) + record.replace("2eT69", "xY"))
+    assert throughput.pool_timeouts(log) == 2
+    # Another error's frames are not a pool timeout.
+    log.write_text(record.replace("raise exc.TimeoutError(", "raise exc.InvalidRequestError("))
+    assert throughput.pool_timeouts(log) == 0
+
+
 def test_every_components_pool_timeouts_api_server_first(tmp_path: Path) -> None:
     (tmp_path / "scheduler.log").write_text(_access("01.0", 200))
     (tmp_path / "api-server.log").write_text(_handled("33.1") + _asgi("33.2"))
