@@ -110,6 +110,26 @@ def test_pool_timeouts_without_uvicorns_record_or_outside_a_request(tmp_path: Pa
     assert throughput.pool_timeouts(js) == 2
 
 
+def test_a_public_api_requests_timeout_logged_without_its_message_counts(tmp_path: Path) -> None:
+    # 3.3.2's database-error handler logs the frames alone (2026-12-07, the driver's GET of the task
+    # instances, answered 500 after 30.4 s): no "QueuePool limit" anywhere in the log.
+    record = (
+        "2026-12-07T02:40:33.761869Z [error    ] Error with id 2eT69wgi, statement: hidden\n"
+        '  File "/v/lib/python3.11/site-packages/sqlalchemy/pool/base.py", line 728, in checkout\n'
+        "    rec = pool._do_get()\n"
+        "          ^^^^^^^^^^^^^^\n"
+        '  File "/v/lib/python3.11/site-packages/sqlalchemy/pool/impl.py", line 165, in _do_get\n'
+        "    raise exc.TimeoutError(\n"
+        " [airflow.api_fastapi.common.exceptions] loc=exceptions.py:80\n"
+    )
+    log = tmp_path / "api-server.log"
+    log.write_text(_access("03.1", 200) + record + _access("34.1", 500) + record.replace("2eT69", "xY"))
+    assert throughput.pool_timeouts(log) == 2
+    # Another error's frames are not a pool timeout.
+    log.write_text(record.replace("raise exc.TimeoutError(", "raise exc.InvalidRequestError("))
+    assert throughput.pool_timeouts(log) == 0
+
+
 def test_every_components_pool_timeouts_api_server_first(tmp_path: Path) -> None:
     (tmp_path / "scheduler.log").write_text(_access("01.0", 200))
     (tmp_path / "api-server.log").write_text(_handled("33.1") + _asgi("33.2"))
@@ -201,12 +221,17 @@ def _parse(*argv: str) -> driver.Options:
     return cli.parse_options(list(argv))
 
 
-def test_db_pool_defaults_to_headroom_and_takes_airflow_or_a_size() -> None:
-    assert _parse().db_pool == "headroom"
+def test_db_pool_defaults_to_each_scenarios_and_takes_airflow_or_a_size() -> None:
+    assert _parse().db_pool is None
     assert _parse("--db-pool", "airflow").db_pool == "airflow"
     assert _parse("--db-pool", "Airflow").db_pool == "airflow"
     assert _parse("--db-pool", "headroom").db_pool == "headroom"
     assert _parse("--db-pool", "012").db_pool == "12"
+
+
+def test_the_ui_poller_is_on_unless_turned_off() -> None:
+    assert _parse().ui_poll is True
+    assert _parse("--no-ui-poll").ui_poll is False
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "big", "", "5+10", "2.5"])
@@ -215,25 +240,28 @@ def test_a_bad_db_pool_is_a_one_line_error(value: str) -> None:
         _parse("--db-pool", value)
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith("--db-pool wants headroom (parallelism + 8, the default), airflow")
+    assert message.startswith("--db-pool wants headroom (parallelism + 8), airflow")
     assert message.endswith(f"or a pool size of at least 1, not {value!r}")
 
 
-def _env(opts: driver.Options, tmp_path: Path) -> dict[str, str]:
+def _env(opts: driver.Options, tmp_path: Path, scenario: str = "clean") -> dict[str, str]:
     cfg = StackConfig(
         venv=tmp_path / "v",
         home=tmp_path / "h",
         dag_file=tmp_path / "d.py",
         db_url=None,
-        db_pool_size=driver.db_pool_size(opts),
-        extra_env=driver.scenario_env(opts, "clean", driver.MAIN_DAG, tmp_path / "h"),
+        db_pool_size=driver.db_pool_size(opts, scenario),
+        extra_env=driver.scenario_env(opts, scenario, driver.MAIN_DAG, tmp_path / "h"),
     )
     return AirflowStack(cfg, print).env
 
 
 def test_what_each_db_pool_puts_into_the_stacks_environment(tmp_path: Path) -> None:
     size = driver.POOL_SIZE_ENV
-    assert _env(_opts(), tmp_path)[size] == "24"  # 16 + 8
+    # No --db-pool: throughput runs at Airflow's own pool, the kill scenarios with the headroom.
+    assert size not in _env(_opts(), tmp_path, "throughput")
+    assert _env(_opts(), tmp_path)[size] == "24"  # clean: 16 + 8
+    assert _env(_opts(db_pool="headroom"), tmp_path, "throughput")[size] == "24"
     assert size not in _env(_opts(db_pool="airflow"), tmp_path)  # Airflow's own 5
     assert driver.MAX_OVERFLOW_ENV not in _env(_opts(db_pool="airflow"), tmp_path)
     assert _env(_opts(db_pool="7"), tmp_path)[size] == "7"
@@ -243,20 +271,31 @@ def test_what_each_db_pool_puts_into_the_stacks_environment(tmp_path: Path) -> N
 
 
 def test_pool_settings_say_what_the_components_get() -> None:
-    assert driver.pool_settings(_opts()) == {
+    assert driver.pool_settings(_opts(db_pool="headroom")) == {
         "db_pool": "headroom",
         "pool_size": 24,
         "max_overflow": 10,
         "pool_timeout_s": 30.0,
     }
-    assert driver.pool_settings(_opts(db_pool="airflow"))["pool_size"] == 5
+    assert driver.pool_settings(_opts())["pool_size"] == 5  # throughput's default
+    assert driver.pool_settings(_opts(), "clean")["pool_size"] == 24
+    assert driver.pool_settings(_opts(db_pool="airflow"), "clean")["pool_size"] == 5
     assert driver.pool_text(_opts(db_pool="airflow")) == "db pool 5 + 10, timeout 30 s (Airflow's)"
-    assert driver.pool_text(_opts(parallelism=8)) == "db pool 16 + 10, timeout 30 s"
+    assert driver.pool_text(_opts()) == "db pool 5 + 10, timeout 30 s (Airflow's)"
+    assert driver.pool_text(_opts(parallelism=8, db_pool="headroom")) == "db pool 16 + 10, timeout 30 s"
+    # A session of scenarios with different pools names each one's.
+    mixed = _opts(parallelism=8, scenarios=["clean", "throughput"])
+    assert driver.pool_text(mixed) == (
+        "clean: db pool 16 + 10, timeout 30 s; throughput: db pool 5 + 10, timeout 30 s (Airflow's)"
+    )
+    assert driver.pool_text(mixed, "clean") == "db pool 16 + 10, timeout 30 s"
+    assert driver.scenario_db_pool(mixed) == "headroom"
+    assert driver.scenario_db_pool(_opts(scenarios=["clean", "kill-queued"])) == "headroom"
     env = {
         driver.POOL_SIZE_ENV: "9",
         driver.MAX_OVERFLOW_ENV: "0",
         driver.ENGINE_ARGS_ENV: '{"pool_timeout": 5}',
     }
-    assert driver.pool_text(_opts(airflow_env=env)) == "db pool 9 + 0, timeout 5 s"
+    assert driver.pool_text(_opts(airflow_env=env, db_pool="headroom")) == "db pool 9 + 0, timeout 5 s"
     odd = {driver.POOL_SIZE_ENV: "many", driver.ENGINE_ARGS_ENV: "[1]"}
-    assert driver.pool_text(_opts(airflow_env=odd)) == "db pool 24 + 10, timeout 30 s"
+    assert driver.pool_text(_opts(airflow_env=odd, db_pool="headroom")) == "db pool 24 + 10, timeout 30 s"

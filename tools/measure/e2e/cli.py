@@ -10,7 +10,7 @@ from types import FrameType
 
 from tools.delivery import package
 from tools.engine import releases
-from tools.measure.e2e import driver
+from tools.measure.e2e import driver, uipoll
 from tools.measure.e2e.driver import (
     DEFAULT_SCENARIOS,
     DEFAULT_TP_TASKS,
@@ -164,13 +164,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--db-pool",
         metavar="headroom|airflow|N",
-        default=driver.DB_POOL_HEADROOM,
+        default=None,
         help=(
-            "each component's database pool: headroom (default), --parallelism + "
+            "each component's database pool, in every scenario: headroom, --parallelism + "
             f"{driver.POOL_HEADROOM} connections; airflow, Airflow's own settings "
             f"({driver.AIRFLOW_POOL_SIZE} + {driver.AIRFLOW_MAX_OVERFLOW} overflow, nothing set); "
             f"N, a pool of N. Overflow {driver.AIRFLOW_MAX_OVERFLOW} and SQLAlchemy's "
-            f"{driver.SQLALCHEMY_POOL_TIMEOUT:g} s pool_timeout in every case"
+            f"{driver.SQLALCHEMY_POOL_TIMEOUT:g} s pool_timeout in every case. Default: airflow in "
+            f"{', '.join(sorted(driver.AIRFLOW_POOL_SCENARIOS))}, headroom in the others"
+        ),
+    )
+    p.add_argument(
+        "--no-ui-poll",
+        dest="ui_poll",
+        action="store_false",
+        help=(
+            "throughput: no client polling the run as a UI's run page does (by default one polls it "
+            f"every {uipoll.UI_REFRESH_INTERVAL:g} s, Airflow's [api] auto_refresh_interval, with the "
+            "UI's token)"
         ),
     )
     p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
@@ -226,7 +237,8 @@ def options_from(args: argparse.Namespace) -> Options:
         supervisor=parse_supervisor(args.supervisor),
         executor=args.executor,
         reap_sigchld=args.celery_reap_sigchld,
-        db_pool=parse_db_pool(args.db_pool),
+        db_pool=None if args.db_pool is None else parse_db_pool(args.db_pool),
+        ui_poll=args.ui_poll,
     )
 
 
@@ -314,7 +326,7 @@ def parse_db_pool(text: str) -> str:
     if value.isdigit() and int(value) >= 1:
         return str(int(value))
     raise ToolError(
-        f"--db-pool wants {driver.DB_POOL_HEADROOM} (parallelism + {driver.POOL_HEADROOM}, the default), "
+        f"--db-pool wants {driver.DB_POOL_HEADROOM} (parallelism + {driver.POOL_HEADROOM}), "
         f"{driver.DB_POOL_AIRFLOW} (Airflow's {driver.AIRFLOW_POOL_SIZE} + {driver.AIRFLOW_MAX_OVERFLOW}) "
         f"or a pool size of at least 1, not {text!r}"
     )

@@ -70,15 +70,21 @@ queued-timeout
     run long, or it would queue the revoked task again at once, and fail. Not in the default set
     (about three minutes): ask for it with ``--scenario queued-timeout --parallelism 2``.
 
-In every scenario each component's database pool (api-server, scheduler, dag-processor; each
-engine, sync and async) holds parallelism + 8 connections (``--db-pool headroom``, the default),
-with Airflow's overflow of 10 and SQLAlchemy's pool_timeout of 30 s (Airflow sets none): with
-Airflow's own 5 + 10, 16 supervisors starting at once once exhausted the api-server's, whose
-requests then waited 30 s for a connection and failed (2026-12-01; not seen again since, see
-docs/e2e.md). ``--db-pool airflow`` runs at Airflow's settings (no pool
-setting in the stack's environment), ``--db-pool N`` with a pool of N. Every scenario counts the
-pool timeouts in each component's log (``throughput.pool_timeouts``); throughput reports the
-api-server's with its failed tasks, per round and in the comparison table.
+The throughput scenario runs at Airflow's own database pool (no pool setting in the stack's
+environment: 5 + 10 per engine, SQLAlchemy's 30 s pool_timeout), what operators run; the other
+scenarios give each component's pool (api-server, scheduler, dag-processor; each engine, sync and
+async) parallelism + 8 connections with Airflow's overflow of 10 (``--db-pool headroom``): they
+judge the executor under kills, and with 5 + 10 at parallelism 16 the api-server's token check
+(issue 52) can hold every request 30 s and fail task starts for a reason that is not the
+executor's. ``--db-pool airflow|headroom|N`` sets one pool for every scenario. Every scenario
+counts the pool timeouts in each component's log (``throughput.pool_timeouts``); throughput
+reports the api-server's with its failed tasks, per round and in the comparison table.
+
+While the throughput run goes, a UI's run page polls it (``tools.measure.e2e.uipoll``: four
+endpoints every 3 s with the UI's token; ``--no-ui-poll`` turns it off), and each round counts
+what issue 52 is about (``tools.measure.e2e.apistall``): api-server requests of 5 s or more and the
+longest, the poller's longest, task starts sent more than once, task instances left ``running``
+with no process; ``--compare-stages`` prints them one row per round, the stages side by side.
 
 kill-queued at parallelism 30 or more runs the throughput DAG (4 x parallelism no-op tasks): the
 main DAG would reach every worker in one wave.
@@ -113,7 +119,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tools.engine import venvs
-from tools.measure.e2e import cputime, looptrace, orphan, procfs, throughput
+from tools.measure.e2e import apistall, cputime, looptrace, orphan, procfs, throughput, uipoll
 from tools.measure.e2e.celery import Redis
 from tools.measure.e2e.judge import N_TASKS, Kill, judge
 from tools.measure.e2e.stack import AirflowStack, Postgres, StackConfig, StackError, tail
@@ -169,17 +175,19 @@ QT_CHECK_INTERVAL = 5.0
 # The scheduler's log lines for a stuck-in-queued requeue and for the failure that ends them.
 QT_REQUEUED = "Task stuck in queued; will try to requeue"
 QT_FAILED = "Task requeue attempts exceeded max; marking failed"
-# Each component's database pool holds this many connections beyond parallelism. With Airflow's
-# 5 + 10, 16 task supervisors starting at once (each PATCH .../run holds one) plus the driver's
-# polling waited 30 s for a connection in the api-server; the timed-out starts failed their tasks
-# and left some ``running`` in the API. Seen on the unpatched base and the series alike (2026-12-01;
-# at Airflow's settings on 2026-12-06, --db-pool airflow, no round timed out: docs/e2e.md).
+# With --db-pool headroom each component's database pool holds this many connections beyond
+# parallelism. With Airflow's 5 + 10, 16 task supervisors starting at once (each PATCH .../run holds
+# one) and a REST request's token check (issue 52) held the api-server 30 s; the timed-out starts
+# failed their tasks and left some ``running`` in the API (2026-12-01, 2026-12-07: docs/e2e.md).
 POOL_HEADROOM = 8
-# --db-pool: "headroom" (the default: parallelism + POOL_HEADROOM), "airflow" (Airflow's own settings:
-# nothing set), or a pool size. Airflow's [database] sql_alchemy_pool_size and sql_alchemy_max_overflow
-# defaults, and SQLAlchemy's pool_timeout, which Airflow does not set (only sql_alchemy_engine_args could).
+# --db-pool: "headroom" (parallelism + POOL_HEADROOM, the default of the scenarios not in
+# AIRFLOW_POOL_SCENARIOS), "airflow" (Airflow's own settings: nothing set), or a pool size.
+# Airflow's [database] sql_alchemy_pool_size and sql_alchemy_max_overflow defaults, and SQLAlchemy's
+# pool_timeout, which Airflow does not set (only sql_alchemy_engine_args could).
 DB_POOL_HEADROOM = "headroom"
 DB_POOL_AIRFLOW = "airflow"
+# The scenarios run at Airflow's own pool unless --db-pool says otherwise (scenario_db_pool()).
+AIRFLOW_POOL_SCENARIOS = frozenset({"throughput"})
 AIRFLOW_POOL_SIZE = 5
 AIRFLOW_MAX_OVERFLOW = 10
 SQLALCHEMY_POOL_TIMEOUT = 30.0
@@ -270,21 +278,36 @@ def traces_loops(opts: Options, name: str | None = None) -> bool:
     return opts.trace_loops or "throughput" in names
 
 
-def db_pool_size(opts: Options) -> int | None:
-    """The pool size the stack sets for every component (None: none, Airflow's own 5)."""
-    if opts.db_pool == DB_POOL_AIRFLOW:
+def scenario_db_pool(opts: Options, name: str | None = None) -> str:
+    """Scenario ``name``'s ``--db-pool``: the one given, else Airflow's own for throughput (it measures
+    what operators run) and the headroom for the others (they judge the executor under kills, which a
+    30 s pool stall of the api-server's would fail for a reason that is not the executor's). ``name``
+    None: the session's, when all its scenarios have the same (else the headroom)."""
+    if opts.db_pool is not None:
+        return opts.db_pool
+    if name is None:
+        pools = {scenario_db_pool(opts, n) for n in opts.scenarios}
+        return pools.pop() if len(pools) == 1 else DB_POOL_HEADROOM
+    return DB_POOL_AIRFLOW if name in AIRFLOW_POOL_SCENARIOS else DB_POOL_HEADROOM
+
+
+def db_pool_size(opts: Options, name: str | None = None) -> int | None:
+    """The pool size the stack sets for every component in scenario ``name`` (None: none, Airflow's 5)."""
+    pool = scenario_db_pool(opts, name)
+    if pool == DB_POOL_AIRFLOW:
         return None
-    if opts.db_pool == DB_POOL_HEADROOM:
+    if pool == DB_POOL_HEADROOM:
         return opts.parallelism + POOL_HEADROOM
-    return int(opts.db_pool)
+    return int(pool)
 
 
-def pool_settings(opts: Options) -> Json:
-    """Each component's pool as the stack configures it: ``--db-pool``, then what ``--airflow-env``
-    sets (pool size, max overflow, a ``pool_timeout`` in the engine args)."""
-    size = db_pool_size(opts)
+def pool_settings(opts: Options, name: str | None = None) -> Json:
+    """Each component's pool in scenario ``name`` as the stack configures it: ``--db-pool`` (or the
+    scenario's default), then what ``--airflow-env`` sets (pool size, max overflow, a ``pool_timeout``
+    in the engine args)."""
+    size = db_pool_size(opts, name)
     out: Json = {
-        "db_pool": opts.db_pool,
+        "db_pool": scenario_db_pool(opts, name),
         "pool_size": AIRFLOW_POOL_SIZE if size is None else size,
         "max_overflow": AIRFLOW_MAX_OVERFLOW,
         "pool_timeout_s": SQLALCHEMY_POOL_TIMEOUT,
@@ -302,11 +325,17 @@ def pool_settings(opts: Options) -> Json:
     return out
 
 
-def pool_text(opts: Options) -> str:
-    """``db pool 24 + 10, timeout 30 s``, with `` (Airflow's)`` for --db-pool airflow."""
-    ps = pool_settings(opts)
+def pool_text(opts: Options, name: str | None = None) -> str:
+    """``db pool 24 + 10, timeout 30 s``, with `` (Airflow's)`` for Airflow's own; ``name`` None and
+    scenarios with different pools: each one's, ``...; throughput: db pool 5 + 10, ...``."""
+    if name is None and opts.db_pool is None:
+        texts = {n: pool_text(opts, n) for n in opts.scenarios}
+        if len(set(texts.values())) > 1:
+            return "; ".join(f"{n}: {t}" for n, t in texts.items())
+        name = opts.scenarios[0] if opts.scenarios else None
+    ps = pool_settings(opts, name)
     return f"db pool {ps['pool_size']} + {ps['max_overflow']}, timeout {ps['pool_timeout_s']:g} s" + (
-        " (Airflow's)" if opts.db_pool == DB_POOL_AIRFLOW else ""
+        " (Airflow's)" if scenario_db_pool(opts, name) == DB_POOL_AIRFLOW else ""
     )
 
 
@@ -348,8 +377,11 @@ class Options:
     reap_sigchld: bool = False
     # --core: the apache-airflow-core release the venv gets, one the line covers ("": its pinned version).
     core: str = ""
-    # --db-pool: DB_POOL_HEADROOM, DB_POOL_AIRFLOW or a pool size (digits); see db_pool_size().
-    db_pool: str = DB_POOL_HEADROOM
+    # --db-pool: DB_POOL_HEADROOM, DB_POOL_AIRFLOW or a pool size (digits), for every scenario; None
+    # (default): each scenario's own (scenario_db_pool()).
+    db_pool: str | None = None
+    # --no-ui-poll turns it off: throughput polls the run as a UI's run page does (tools.measure.e2e.uipoll).
+    ui_poll: bool = True
 
     @property
     def release(self) -> str:
@@ -785,6 +817,89 @@ def _wchan_or_gone(pid: int) -> str:
         return "gone"
 
 
+# The scenarios a UI's run page polls while the run goes (tools.measure.e2e.uipoll).
+UI_POLL_SCENARIOS = frozenset({"throughput"})
+# A task instance is left running with no process when two looks this far apart both find it so.
+LEFT_RUNNING_RECHECK_S = 3.0
+
+
+def process_titles() -> list[str]:
+    """Every live process's title (a task process's names its task instance)."""
+    out = []
+    for pid in procfs.all_pids():
+        with contextlib.suppress(procfs.ProcGone):
+            out.append(procfs.cmdline(pid))
+    return out
+
+
+def _left_running(run: Run, tis: list[Json]) -> list[str]:
+    """The task instances still ``running`` with no process naming them, in two looks a few seconds
+    apart (a task process sets its title only after its start)."""
+    first = apistall.running_without_process(tis, process_titles())
+    if not first:
+        return []
+    time.sleep(LEFT_RUNNING_RECHECK_S)
+    again = _safe(partial(run.api.task_instances, run.dag.dag_id, run.run_id)) or tis
+    left = [ti for ti in apistall.running_without_process(again, process_titles()) if ti in first]
+    if left:
+        run.event(f"{len(left)} task instance(s) running with no process: {', '.join(left[:5])}")
+    return left
+
+
+def _api_stall(
+    run: Run, home: Path, poller: uipoll.UiPoller | None, left: list[str] | None, supervisor_log: Path
+) -> None:
+    """Issue 52's counts of the round into ``run.extra["api_stall"]`` (and its summary line);
+    ``supervisor_log``: where task-sdk's supervisors log (its client's retry lines)."""
+    api = apistall.api_log_figures(home / "logs" / "api-server.log")
+    retries = apistall.client_retries(supervisor_log)
+    poll = (
+        uipoll.summarise(uipoll.read_records(home / uipoll.RECORDS_FILE), poller.token_source)
+        if poller
+        else None
+    )
+    fig = run.extra.get("throughput") or {}
+    counts = apistall.RoundCounts(
+        tasks_per_s=fig.get("tasks_per_s"),
+        api_slow=api.slow if api else None,
+        api_longest_s=api.longest_s if api else None,
+        poll_longest_s=poll.longest_s if poll else None,
+        poll_errors=poll.server_errors + poll.no_answer if poll else None,
+        pool_timeouts=fig.get("pool_timeouts"),
+        starts_retried=api.starts_retried if api else None,
+        failed=fig.get("failed"),
+        left_running=None if left is None else len(left),
+    )
+    run.extra["api_stall"] = {
+        "counts": counts.as_json(),
+        "api": api.as_json() if api else None,
+        "poll": poll.as_json() if poll else None,
+        "left_running": left,
+        "client_retries": retries,
+    }
+    summary = (
+        (
+            f"api-server: {api.slow} requests of {uipoll.SLOW_REQUEST_S:g} s or more, longest "
+            f"{_secs(api.longest_s)} ({api.longest_path or '-'}); task starts retried {api.starts_retried} "
+            f"({api.start_repeats} repeats; the client's retry lines, any call, {_count(retries)})"
+            if api
+            else "api-server: no log"
+        )
+        + f"; left running with no process {_count(counts.left_running)}"
+        + (f"; {poll.text()}" if poll else "")
+    )
+    run.extra["api_stall_summary"] = summary
+    run.event(summary)
+
+
+def _count(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} s"
+
+
 # --executor celery: how long after the run the driver waits for every supervisor whose task ended
 # to return ("Workload finished"), in multiples of [workers] min_heartbeat_interval (one stall each).
 LINGER_GRACE_INTERVALS = 2.0
@@ -908,7 +1023,7 @@ class ScenarioRunner:
             parallelism=self.opts.parallelism,
             task_seconds=self.opts.task_seconds,
             extra_env=extra_env,
-            db_pool_size=db_pool_size(self.opts),
+            db_pool_size=db_pool_size(self.opts, name),
         )
         if name == "throughput":
             # A slow stage's queue may well be 30 s deep; a requeue would change what is measured.
@@ -941,6 +1056,8 @@ class ScenarioRunner:
         throughput_run: Json | None = None
         cpu_roots: list[cputime.Root] = []
         cpu_marks: list[cputime.Snapshot] = []  # the CPU window: at the trigger, at the run's end
+        poller: uipoll.UiPoller | None = None
+        left_running: list[str] | None = None
         t0_wall = datetime.now(timezone.utc)
         size = f"{dag.n_tasks} tasks, " if name == "throughput" else ""
         self.say(
@@ -971,6 +1088,14 @@ class ScenarioRunner:
                 run.kill.t = round(run.extra.pop("kill_monotonic") - run.watcher.t0, 2)
                 run.events.append(
                     (run.kill.t, f"SIGKILL {run.kill.detail.split(';')[0]} (pid {run.kill.pid})")
+                )
+            if name in UI_POLL_SCENARIOS and self.opts.ui_poll:
+                # The run's page is open as the run starts: the CLI's trigger takes seconds to return.
+                poller = uipoll.UiPoller(stack.api, dag.dag_id, run.run_id, run.t)
+                poller.start()
+                run.event(
+                    f"UI poller: {len(poller.paths)} endpoints every {poller.interval:g} s, "
+                    f"token {poller.token_source or 'none'}"
                 )
             stack.airflow("dags", "trigger", dag.dag_id, "--run-id", run.run_id)
             run.event(
@@ -1014,6 +1139,8 @@ class ScenarioRunner:
             if name == "throughput" and tis:
                 throughput_tis = tis
                 throughput_run = _safe_one(partial(api.run, dag.dag_id, run.run_id))
+            if name == "throughput":
+                left_running = _left_running(run, tis)
             if name == "kill-idle-reader":
                 problem = sigterm_scheduler(run)
                 if problem:
@@ -1024,6 +1151,8 @@ class ScenarioRunner:
             failures.append(str(e))
         finally:
             run.done.set()
+            if poller is not None:
+                uipoll.write_records(home / uipoll.RECORDS_FILE, poller.stop())
             try:
                 # a Ctrl-C goes straight to the stop, without waiting for the supervisors
                 if self.opts.executor == "celery" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
@@ -1052,18 +1181,17 @@ class ScenarioRunner:
                 run.event(f"stuck in queued (scheduler log): {requeued} requeued, {failed} failed")
             if stop_info.get("leftover_pids_killed"):
                 self.say(f"  killed leftover processes: {stop_info['leftover_pids_killed']['pids']}")
+        # where task-sdk's supervisor logs ("Workload finished", its client's retries): the executor's worker
+        supervisor_log = (
+            home / "logs" / ("celery-worker-1.log" if self.opts.executor == "celery" else "scheduler.log")
+        )
         if throughput_tis:
             # After the stop: a worker's supervisor logs "Workload finished" only once it returns,
             # which for a stalled one is seconds after the run ended.
             fig = throughput.figures(
                 throughput_tis,
                 throughput_run,
-                # where task-sdk's supervisor logs "Workload finished": the executor's worker process
-                scheduler_log=(
-                    home / "logs" / "celery-worker-1.log"
-                    if self.opts.executor == "celery"
-                    else home / "logs" / "scheduler.log"
-                ),
+                scheduler_log=supervisor_log,
                 min_heartbeat_interval=self.opts.min_heartbeat_interval,
                 api_log=home / "logs" / "api-server.log",
             )
@@ -1084,6 +1212,9 @@ class ScenarioRunner:
                 run.extra["cpu_s"] = {k: round(v, 2) for k, v in cpu.cpu_s.items()}
                 run.extra["cpu_summary"] = cpu.text()
                 run.event(cpu.text())
+        if name == "throughput":
+            # After the stop: the access log has a line for every request once it ended.
+            _api_stall(run, home, poller, left_running, supervisor_log)
         span = max([watch.elapsed if watch else 0.0] + [t for t, _ in run.events] + [1.0])
         t0_for_rows = t0_wall
         rows = rows_from_api(
@@ -1247,7 +1378,7 @@ def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
         combined = {
             "compare_stages": [stage_label(s, opts.executor) for s in stages],
             "rounds": opts.rounds,
-            "db_pool": pool_settings(opts),
+            "db_pool": {name: pool_settings(opts, name) for name in opts.scenarios},
             "airflow_env": opts.airflow_env,
             "started": stamp,
             "session_s": round(time.monotonic() - t_session, 1),
@@ -1328,7 +1459,7 @@ def _stage_session(
         "stop_bound_s": opts.stop_bound,
         "task_seconds": opts.task_seconds,
         "min_heartbeat_interval": opts.min_heartbeat_interval,
-        "db_pool": pool_settings(opts),
+        "db_pool": {name: pool_settings(opts, name) for name in opts.scenarios},
         "airflow_env": opts.airflow_env,
         "started": stamp,
         "session_s": round(time.monotonic() - t_session, 1),
@@ -1416,7 +1547,7 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                 f"{name}: {opts.tasks} no-op tasks at parallelism {opts.parallelism}, "
                 f"{opts.line.label}"
                 + (f" on apache-airflow-core {opts.release}" if opts.release != opts.line.version else "")
-                + f", {opts.db}, {pool_text(opts)}"
+                + f", {opts.db}, {pool_text(opts, name)}"
                 + (", CeleryExecutor, task-sdk's supervisor" if opts.executor == "celery" else "")
                 + f"; ratios to {rows[0].label}"
                 + (f"; medians of {n} rounds" if n > 1 else "")
@@ -1430,7 +1561,37 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                 )
         if any(runs for _, runs in traced):
             out[f"{name} loops"] = looptrace.compare(traced, f"{name}: the scheduler's loops (loop trace)")
+        if table := api_stall_table(opts, reports, name):
+            out[f"{name} api"] = table
     return out
+
+
+def api_stall_table(opts: Options, reports: Sequence[Json], name: str) -> str | None:
+    """Issue 52's counts of every round of scenario ``name``, the stages side by side; None when no
+    round has them."""
+    stages: list[tuple[str, list[apistall.RoundCounts | None]]] = []
+    for stage, runs, _ in _stage_runs(reports, name):
+        counts: list[apistall.RoundCounts | None] = []
+        for sc in runs:
+            got = ((sc or {}).get("extra") or {}).get("api_stall")
+            counts.append(
+                replace(apistall.RoundCounts.from_json(got["counts"]), passed=bool(sc and sc["passed"]))
+                if got
+                else None
+            )
+        stages.append((stage_label(stage, opts.executor), counts))
+    if not any(c for _, runs in stages for c in runs):
+        return None
+    poll = (
+        f"a UI's run page polled every {uipoll.UI_REFRESH_INTERVAL:g} s ({len(uipoll.ENDPOINTS)} endpoints)"
+        if opts.ui_poll
+        else "no UI poller"
+    )
+    return apistall.rounds_table(
+        stages,
+        f"{name}: the api-server under {poll}, per round; {opts.tasks} tasks at parallelism "
+        f"{opts.parallelism}, {opts.line.label}, {opts.db}, {pool_text(opts, name)}",
+    )
 
 
 def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) -> str:
@@ -1456,6 +1617,7 @@ def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) 
             "orphan_summary",
             "throughput_summary",
             "cpu_summary",
+            "api_stall_summary",
             "celery_summary",
         ):
             if r.extra.get(key):

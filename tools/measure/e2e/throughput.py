@@ -75,6 +75,10 @@ _FINISHED = re.compile(
 # SQLAlchemy's QueuePool (sqlalchemy/pool/impl.py, 2.0): "QueuePool limit of size %d overflow %d
 # reached, connection timed out, timeout %0.2f"; the async engine's pool raises the same text.
 POOL_TIMEOUT_TEXT = "QueuePool limit of size"
+# The public API's database-error handler (airflow.api_fastapi.common.exceptions, 3.3: "Error with id
+# ..., statement: ...") logs the traceback's frames only, without the message: there a timeout is a
+# traceback whose last frame is the pool's _do_get raising it (nothing after it but the logger's name).
+POOL_TIMEOUT_FRAME = re.compile(r"in _do_get\n +raise exc\.TimeoutError\(\n(?: *\^+\n)?(?= \[|\Z)")
 # A log record starts with its timestamp (Airflow's console format) or is one JSON object; the lines
 # after it up to the next record (a traceback) belong to it.
 _RECORD_START = re.compile(r'^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d|\{")', re.MULTILINE)
@@ -173,21 +177,22 @@ def pool_timeouts(log: Path) -> int | None:
     """How many times a component failed to get a database connection within ``pool_timeout``
     (None: no log).
 
-    Each log record (a line and its traceback) that carries SQLAlchemy's message is one timeout,
-    except that a request's timeout is logged twice by the api-server: uvicorn's
-    ``Exception in ASGI application`` for every request that raised, and before it the execution
-    API's ``Handle died with an error``. Of those two kinds the larger count is taken (each is at
-    most one per request), and records of any other kind are added.
+    Each log record (a line and its traceback) that carries SQLAlchemy's message, or ends in the
+    frame that raises it with no message (``POOL_TIMEOUT_FRAME``), is one timeout, except that a
+    request's timeout is logged twice by the api-server: uvicorn's ``Exception in ASGI
+    application`` for every request that raised, and before it the execution API's ``Handle died
+    with an error``. Of those two kinds the larger count is taken (each is at most one per
+    request), and records of any other kind are added.
     """
     try:
         text = log.read_text(errors="replace")
     except OSError:
         return None
-    if POOL_TIMEOUT_TEXT not in text:
+    if POOL_TIMEOUT_TEXT not in text and not POOL_TIMEOUT_FRAME.search(text):
         return 0
     asgi = handled = other = 0
     for record in _records(text):
-        if POOL_TIMEOUT_TEXT not in record:
+        if POOL_TIMEOUT_TEXT not in record and not POOL_TIMEOUT_FRAME.search(record):
             continue
         head = record.split("\n", 1)[0]
         if ASGI_ERROR in head:
