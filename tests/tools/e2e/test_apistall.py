@@ -264,3 +264,14 @@ def test_compare_tables_add_the_per_round_table() -> None:
     assert lines[4].split(" | ")[2].split()[:4] == ["FAIL", "0.60", "1", "31.2s"]
     no_poll = driver.compare_tables(opts, [report(0, None, True), report(None, None, True)])
     assert "throughput api" not in no_poll and "throughput" in no_poll
+
+
+def test_split_api_servers_logs_are_counted_together(tmp_path: Path) -> None:
+    """With --split-api the task starts are in the execution api-server's log, the UI's in the other."""
+    lines = _stalled_log().splitlines(keepends=True)
+    core, execution = tmp_path / "api-server.log", tmp_path / "execution-api.log"
+    core.write_text("".join(line for line in lines if "/execution/" not in line))
+    execution.write_text("".join(line for line in lines if "/execution/" in line))
+    together = apistall.api_log_figures(core, execution)
+    assert together == apistall.api_figures(apistall.access_records(_stalled_log()))
+    assert apistall.api_log_figures(core, tmp_path / "missing.log") == apistall.api_log_figures(core)

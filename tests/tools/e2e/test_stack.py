@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tools.measure.e2e import procfs
-from tools.measure.e2e.stack import AirflowStack, Process, StackConfig, StackError
+from tools.measure.e2e.stack import EXECUTION_API, AirflowStack, Process, StackConfig, StackError
 
 
 def _stack(tmp_path: Path) -> AirflowStack:
@@ -44,3 +44,32 @@ def test_restart_refuses_a_component_that_still_runs(tmp_path: Path) -> None:
     finally:
         stack.stop(timeout=5)
     assert not proc.alive()
+
+
+def test_split_api_runs_the_execution_api_in_an_api_server_of_its_own(tmp_path: Path) -> None:
+    cfg = StackConfig(venv=tmp_path, home=tmp_path, dag_file=tmp_path / "dag.py", db_url=None, split_api=True)
+    stack = AirflowStack(cfg, say=lambda _: None)
+    argvs = stack.argvs()
+    airflow = str(tmp_path / "bin" / "airflow")
+    assert argvs["api-server"] == [airflow, "api-server", "--apps", "core"]
+    assert argvs[EXECUTION_API] == [
+        airflow,
+        "api-server",
+        "--apps",
+        "execution",
+        "--port",
+        str(stack.execution_port),
+    ]
+    assert stack.execution_port != stack.api_port
+    # Task processes reach the execution API there; the UI and REST stay on the api-server's port.
+    assert (
+        stack.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"]
+        == f"http://127.0.0.1:{stack.execution_port}/execution/"
+    )
+    assert stack.env["AIRFLOW__API__PORT"] == str(stack.api_port)
+
+    one = AirflowStack(
+        StackConfig(venv=tmp_path, home=tmp_path, dag_file=tmp_path / "d.py", db_url=None), print
+    )
+    assert set(one.argvs()) == {"api-server", "scheduler", "dag-processor"}
+    assert one.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == f"{one.api}/execution/"

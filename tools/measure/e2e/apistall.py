@@ -122,13 +122,18 @@ def api_figures(records: Iterable[Access]) -> ApiFigures:
     )
 
 
-def api_log_figures(log: Path) -> ApiFigures | None:
-    """The access log's figures (None: no log)."""
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
-    return api_figures(access_records(text))
+def api_log_figures(*logs: Path) -> ApiFigures | None:
+    """The access logs' figures, every api-server's together (None: no log)."""
+    records: list[Access] = []
+    found = False
+    for log in logs:
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        found = True
+        records += access_records(text)
+    return api_figures(records) if found else None
 
 
 def client_retries(log: Path) -> int | None:

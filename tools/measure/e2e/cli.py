@@ -175,6 +175,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ),
     )
     p.add_argument(
+        "--split-api",
+        action="store_true",
+        help=(
+            "run the execution API (task starts, heartbeats, states) in an api-server process of its "
+            "own (`--apps execution`), the UI's and REST's in another (`--apps core`), each with its "
+            "own event loop and database pool"
+        ),
+    )
+    p.add_argument(
         "--no-ui-poll",
         dest="ui_poll",
         action="store_false",
@@ -239,6 +248,7 @@ def options_from(args: argparse.Namespace) -> Options:
         reap_sigchld=args.celery_reap_sigchld,
         db_pool=None if args.db_pool is None else parse_db_pool(args.db_pool),
         ui_poll=args.ui_poll,
+        split_api=args.split_api,
     )
 
 

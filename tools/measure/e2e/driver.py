@@ -122,7 +122,7 @@ from tools.engine import venvs
 from tools.measure.e2e import apistall, cputime, looptrace, orphan, procfs, throughput, uipoll
 from tools.measure.e2e.celery import Redis
 from tools.measure.e2e.judge import N_TASKS, Kill, judge
-from tools.measure.e2e.stack import AirflowStack, Postgres, StackConfig, StackError, tail
+from tools.measure.e2e.stack import API_SERVERS, AirflowStack, Postgres, StackConfig, StackError, tail
 from tools.measure.e2e.timeline import format_timeline, rows_from_api, summarize
 from tools.measure.e2e.watch import Json, RestApi, RunWatcher, TaskSnap, WatchResult
 from tools.shared import pins
@@ -334,9 +334,10 @@ def pool_text(opts: Options, name: str | None = None) -> str:
             return "; ".join(f"{n}: {t}" for n, t in texts.items())
         name = opts.scenarios[0] if opts.scenarios else None
     ps = pool_settings(opts, name)
-    return f"db pool {ps['pool_size']} + {ps['max_overflow']}, timeout {ps['pool_timeout_s']:g} s" + (
+    text = f"db pool {ps['pool_size']} + {ps['max_overflow']}, timeout {ps['pool_timeout_s']:g} s" + (
         " (Airflow's)" if scenario_db_pool(opts, name) == DB_POOL_AIRFLOW else ""
     )
+    return text + (" per api-server; the execution API in an api-server of its own" if opts.split_api else "")
 
 
 def stage_label(stage: int | None, executor: str = "overlay") -> str:
@@ -382,6 +383,8 @@ class Options:
     db_pool: str | None = None
     # --no-ui-poll turns it off: throughput polls the run as a UI's run page does (tools.measure.e2e.uipoll).
     ui_poll: bool = True
+    # --split-api: the execution API in an api-server process of its own (StackConfig.split_api).
+    split_api: bool = False
 
     @property
     def release(self) -> str:
@@ -851,21 +854,24 @@ def _api_stall(
 ) -> None:
     """Issue 52's counts of the round into ``run.extra["api_stall"]`` (and its summary line);
     ``supervisor_log``: where task-sdk's supervisors log (its client's retry lines)."""
-    api = apistall.api_log_figures(home / "logs" / "api-server.log")
+    api_logs = [home / "logs" / f"{name}.log" for name in API_SERVERS]
+    api = apistall.api_log_figures(*api_logs)
+    fig = run.extra.get("throughput") or {}
+    # The throughput figures count the api-server's log; --split-api's execution api-server has its own.
+    timeouts = [n for n in (fig.get("pool_timeouts"), throughput.pool_timeouts(api_logs[1])) if n is not None]
     retries = apistall.client_retries(supervisor_log)
     poll = (
         uipoll.summarise(uipoll.read_records(home / uipoll.RECORDS_FILE), poller.token_source)
         if poller
         else None
     )
-    fig = run.extra.get("throughput") or {}
     counts = apistall.RoundCounts(
         tasks_per_s=fig.get("tasks_per_s"),
         api_slow=api.slow if api else None,
         api_longest_s=api.longest_s if api else None,
         poll_longest_s=poll.longest_s if poll else None,
         poll_errors=poll.server_errors + poll.no_answer if poll else None,
-        pool_timeouts=fig.get("pool_timeouts"),
+        pool_timeouts=sum(timeouts) if timeouts else None,
         starts_retried=api.starts_retried if api else None,
         failed=fig.get("failed"),
         left_running=None if left is None else len(left),
@@ -1024,6 +1030,7 @@ class ScenarioRunner:
             task_seconds=self.opts.task_seconds,
             extra_env=extra_env,
             db_pool_size=db_pool_size(self.opts, name),
+            split_api=self.opts.split_api,
         )
         if name == "throughput":
             # A slow stage's queue may well be 30 s deep; a requeue would change what is measured.

@@ -231,6 +231,10 @@ class Postgres:
 # -- Airflow -----------------------------------------------------------------------------------
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor")
+# With StackConfig.split_api, the api-server that serves the execution API alone.
+EXECUTION_API = "execution-api"
+# The api-servers' logs (their access logs: what apistall counts), by component.
+API_SERVERS = ("api-server", EXECUTION_API)
 
 
 @dataclass
@@ -249,6 +253,10 @@ class StackConfig:
     # Connections each component's SQLAlchemy pool may hold (pool size; None: Airflow's 5, with 10
     # more as overflow).
     db_pool_size: int | None = None
+    # The execution API (what task processes call: their starts, heartbeats, states) in an
+    # api-server process of its own, `--apps execution`, beside the UI's and REST's `--apps core`:
+    # each with its own event loop and database pool (what an operator can do instead of patch 11).
+    split_api: bool = False
 
 
 class AirflowStack:
@@ -259,6 +267,7 @@ class AirflowStack:
         self.say = say
         self.api_port = free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
+        self.execution_port = free_port() if cfg.split_api else self.api_port
         self.procs: dict[str, Process] = {}
         self._rest: RestApi | None = None
         self.env = self._env()
@@ -288,7 +297,7 @@ class AirflowStack:
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api}/execution/",
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.execution_port}/execution/",
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db,
                 # Scheduler and api-server must sign and check tokens with the same secret.
                 "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
@@ -336,12 +345,20 @@ class AirflowStack:
         shutil.copy(self.cfg.dag_file, home / "dags" / self.cfg.dag_file.name)
         self.airflow("db", "migrate")
         self.launched_at = time.monotonic()
-        for name in COMPONENTS:
-            proc = Process(
-                name, [str(self.cfg.venv / "bin" / "airflow"), name], home / "logs" / f"{name}.log"
-            )
+        for name, argv in self.argvs().items():
+            proc = Process(name, argv, home / "logs" / f"{name}.log")
             proc.start(self.env, home)
             self.procs[name] = proc
+
+    def argvs(self) -> dict[str, list[str]]:
+        """Each component's command line, by name."""
+        airflow = str(self.cfg.venv / "bin" / "airflow")
+        argvs = {name: [airflow, name] for name in COMPONENTS}
+        if self.cfg.split_api:
+            argvs["api-server"] += ["--apps", "core"]
+            argvs[EXECUTION_API] = [airflow, "api-server", "--apps", "execution"]
+            argvs[EXECUTION_API] += ["--port", str(self.execution_port)]
+        return argvs
 
     def restart(self, name: str) -> Process:
         """Start component ``name`` again (the old process must have exited); same env and log."""
@@ -418,7 +435,7 @@ class AirflowStack:
         # A restarted component's old session may hold what its first process left behind.
         sids = [p.pid for p in [*self.procs.values(), *self.retired] if p.popen is not None]
         # Scheduler first, so it does not dispatch into a vanishing api-server.
-        for name in ("scheduler", "dag-processor", "api-server"):
+        for name in ("scheduler", "dag-processor", EXECUTION_API, "api-server"):
             proc = self.procs.get(name)
             if proc is None or proc.popen is None:
                 continue
