@@ -8,10 +8,8 @@ Arguments after `--` go to the tool or to pytest: `nox -s apply -- --line 3.2`.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import nox
@@ -19,22 +17,15 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from tools.engine import final_record, venvs  # noqa: E402  (stdlib only, importable before any install)
-from tools.engine.fixed_by_plugin import RECORD_ENV  # noqa: E402
+from tools.engine import testrun, venvs  # noqa: E402  (stdlib only, importable before any install)
 from tools.shared import pins  # noqa: E402
 from tools.shared.errors import ToolError  # noqa: E402
-from tools.shared.layout import DEFAULT as LAYOUT  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["apply"]
 nox.options.reuse_venv = "yes"
 
 LINES = [line.name for line in pins.LINES]
-# The lines whose executor tests run under Python 3.12+ as well (Airflow's image defaults to 3.13),
-# with forkserver (3.14's default on Linux) beside fork; spawn runs under the default Python.
-NEWER_PYTHON_LINES = ["3.3", "3.4"]
-NEWER_PYTHON = "py3.12+"
-NEWER_PYTHON_START_METHODS = "fork,forkserver"
 TOOLS_CONSTRAINTS = ROOT / "constraints" / "tools.txt"
 LINT_PATHS = ["tools", "tests", "noxfile.py", "airflow_overlay"]
 # The interpreter running nox: sessions without a venv run the tools with it.
@@ -57,69 +48,9 @@ def apply(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
-@nox.parametrize("line", [*LINES, *(f"{ln}-{NEWER_PYTHON}" for ln in NEWER_PYTHON_LINES), "tools"])
-def tests(session: nox.Session, line: str) -> None:
-    """Run the executor and supervisor tests on each line's overlay, and the tooling's (`-- --line 3.2`)."""
-    posargs = list(session.posargs)
-    if "--line" in posargs:  # why: pytest has no --line; pick the parametrization here
-        at = posargs.index("--line")
-        wanted = posargs[at + 1] if at + 1 < len(posargs) else ""
-        del posargs[at : at + 2]
-        if wanted not in (*LINES, "tools"):
-            session.error(f"--line {wanted!r}: not a pinned line (one of {', '.join(LINES)}, or tools)")
-        if wanted != line.split("-")[0]:
-            session.skip(f"--line {wanted}")
-    record: list[str] = []
-    # Every scenario fails if the executor's process forked while a thread Airflow started was alive.
-    extra_env: dict[str, str] = {"LEPATCH_FORK_CHECK": "1"}
-    line, _, newer = line.partition("-")
-    interpreter = None
-    if newer:
-        interpreter = venvs.newer_python()
-        if interpreter is None:
-            session.skip("no Python 3.12+ found (python3.12+ on PATH, or pyenv's versions/)")
-        extra_env["LEPATCH_START_METHODS"] = NEWER_PYTHON_START_METHODS
-    try:
-        if line == "tools":
-            python, paths = venvs.ensure_tools(), ["tests/tools"]
-            # why: the tests that build real Airflow venvs run the uv this nox runs with (beside it)
-            extra_env["PATH"] = os.pathsep.join(
-                [str(Path(venvs.find_uv()).parent), os.environ.get("PATH", "")]
-            )
-        else:
-            python, paths = venvs.ensure(line, python=interpreter), [f.tests_dir for f in pins.UPSTREAM_FILES]
-            overlay = LAYOUT.overlay_files(line)
-            venvs.install_sources(python, overlay)
-            # why: verify's final stage is this very code (under the default Python); it reuses what
-            # passed here.
-            if not newer:
-                record = ["-p", "tools.engine.fixed_by_plugin"]
-                record_to = final_record.prepare(line, overlay)
-    except (ToolError, OSError) as exc:
-        session.error(str(exc))
-    has_tests = any(f for p in paths for f in (ROOT / p).rglob("test_*.py"))
-    with tempfile.TemporaryDirectory(prefix="lepatch-airflow-home-") as home:
-        env = {**venvs.test_env(Path(home)), **extra_env}
-        if record:
-            env[RECORD_ENV] = str(record_to)
-        session.run(
-            str(python),
-            "-m",
-            "pytest",
-            *paths,
-            "-p",
-            "no:cacheprovider",
-            "-rfEs",  # failures, errors and every skip with its reason
-            # An exception raised where nothing can catch it (a finalizer, a thread) fails the run:
-            # Python 3.13 reports the close() errors of collected files (io.IOBase's finalizer).
-            "-W",
-            "error::pytest.PytestUnraisableExceptionWarning",
-            *record,
-            *posargs,
-            external=True,
-            env=env,
-            success_codes=[0] if has_tests else [0, 5],
-        )
+def tests(session: nox.Session) -> None:
+    """Run each line's tests on its overlay and the tooling's, two at a time (`-- --line 3.2`)."""
+    run_tools(session, "tests", *testrun.split_posargs(session.posargs))
 
 
 @nox.session(venv_backend="none")
