@@ -22,8 +22,10 @@ import pytest
 from doc_snippets import DOCS, FENCE, ROOT, nox_sessions, parses, snippets, tool_sessions
 
 from tools.__main__ import build_parser
+from tools.engine import testrun
 from tools.engine.series import read_patch, read_series_names
 from tools.shared import pins
+from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT
 
 # Sessions that are thin wrappers over `python -m tools <same name>`.
@@ -92,12 +94,17 @@ def problem(cmd: str, sessions: set[str]) -> str | None:
     if args and args[0] != "--":
         return f"arguments must follow `--`: {args}"
     posargs = args[1:]
+    if name == "tests":  # the session takes out --line and --jobs, the rest goes to pytest
+        args = testrun.split_posargs(posargs)
+        if bad := parses([name, *args]):
+            return bad
+        try:
+            testrun.cell_names(build_parser().parse_args([name, *args]).line)
+        except ToolError as exc:
+            return str(exc)
+        return None
     if name in TOOL_SESSIONS:
         return parses([name, *posargs]) or refused(name, posargs)
-    if name == "tests" and "--line" in posargs:
-        value = (posargs[posargs.index("--line") + 1 :] or [""])[0]
-        if value not in {ln.name for ln in pins.LINES} | {"tools"}:
-            return f"--line {value!r}: not a pinned line or tools"
     return None
 
 
