@@ -13,9 +13,9 @@
  * The scheduler's thread (proctype Executor) is the only reader of results and the only writer of
  * workloads, and changes state only with SIGTERM and SIGINT held off (``@_held_off`` on each method that
  * moves a workload): _process_workloads' and _check_workers' (from sync(), and after _process_workloads).
- * slots_available and slots_occupied run the same block without reaping and without starting workers
- * (_refresh: _read_results, then _dispatch_pending(start_workers=False)); the model lets a worker die
- * between any two of its steps, so this step, followed by a death, covers what _refresh does. _check_workers reads and applies results and reaps the dead (one
+ * slots_available and slots_occupied run only its first part (_read_results: read and apply results,
+ * never reap, never dispatch, never start a worker); the model lets a worker die between any two of its
+ * steps, so this step, followed by a death, covers what they do. _check_workers reads and applies results and reaps the dead (one
  * atomic step), then hands each pending workload to an idle live worker, starting workers up to
  * parallelism (_dispatch_pending): a step picks the worker and starts the frame, then each page of it is
  * a step, the workers and the Killer running between them while the scheduler's thread does nothing
@@ -25,9 +25,9 @@
  * dies first makes it fail (EPIPE): the workload goes back to the front of _pending and the worker is
  * reaped. SIGTERM (up to TERMS times) is handled only between the scheduler's blocks (a held-off one is
  * re-raised right after its block), at any point of its loop but never part way through a write; then
- * the scheduler calls end(). Patch 9's prefetch (how many workloads the scheduler hands over, when
- * the room closes to them, its size from [local_executor] config, and the priority order of
- * _pending) is not modelled: all K, of one priority, are handed over in one _process_workloads batch.
+ * the scheduler calls end(). How many workloads the scheduler hands over (no more than its free slots,
+ * as BaseExecutor keeps the rest) and the priority order of _pending are not modelled: all K, of one
+ * priority, are handed over in one _process_workloads batch.
  *
  * Patch 9's start acknowledgement: a worker writes a STARTED frame (ACKF units) as soon as it has
  * forked the task process ("os.register_at_fork(after_in_parent=acknowledge_start)"); a workload whose
@@ -383,8 +383,8 @@ inline send_pill(w) {
     od
 }
 
-/* The scheduler calls sync() every heartbeat (and slots_available and slots_occupied run its reads and
-   dispatches to idle workers, through _refresh): nothing its blocks look at changes until a result or a dead worker is there, or a
+/* The scheduler calls sync() every heartbeat (and slots_available and slots_occupied run its reads):
+   nothing its blocks look at changes until a result or a dead worker is there, or a
    pending workload has an idle worker or room to start one; the model waits for that (or for every other
    process to be stuck, Promela's timeout). */
 #define SYNC_READY (SOMEREADY || (pqn > 0 && (HASIDLE || SLOTS_USED < N)))

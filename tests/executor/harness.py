@@ -773,13 +773,10 @@ def queued(executor: Any) -> dict[Any, Any]:
     return tasks
 
 
-def new_executor(parallelism: int, prefetch_fraction: float | None = None) -> Any:
-    """A started LocalExecutor; ``prefetch_fraction`` sizes the prefetch room where the stage has one."""
+def new_executor(parallelism: int) -> Any:
     from airflow.executors.local_executor import LocalExecutor
 
     executor = LocalExecutor(parallelism=parallelism)
-    if prefetch_fraction is not None:
-        executor.prefetch_fraction = prefetch_fraction
     executor.start()
     return executor
 

@@ -495,9 +495,8 @@ def end_while_a_workload_waits() -> dict:
 
 @pytest.mark.fixed_by(EXACTLY_ONCE_PATCH)
 def test_end_starts_no_workload_that_waits_for_a_worker(start_method):
-    # Before, end() handed the workloads waiting in the executor (patch 10's prefetch room, as many as
-    # parallelism) to workers as running tasks finished, and waited for those too: a scheduler told to
-    # stop started new tasks, and its shutdown took up to twice as long. Now they are queued again, as
+    # Before, end() handed the workloads waiting in the executor to workers as running tasks finished,
+    # and waited for those too: a scheduler told to stop started new tasks. Now they are queued again, as
     # before their dispatch, and the next scheduler runs their task instances.
     outcome = run_scenario(end_while_a_workload_waits, start_method=start_method, deadline=90)
     assert outcome == {

@@ -47,7 +47,7 @@ def forks_through_a_run_with_workers_killed(tmp: str) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         # Python 3.12+ warns in the parent of a fork made while other threads run (3.11 does not).
         warnings.simplefilter("always", DeprecationWarning)
-        executor = new_executor(4, prefetch_fraction=1.0)
+        executor = new_executor(4)
         started = recorder.forks
         items = [make_workload(f"t{i}", fake={"sleep": 0.05}) for i in range(24)]
         # Two of them SIGKILL the worker that took them, before they start: each worker is replaced.

@@ -19,11 +19,11 @@
 What starts next is what the scheduler chose last: a higher priority first.
 
 The scheduler queues task instances by ``priority_weight`` and hands the executor at most what its
-slots allow. A workload the executor took early, beyond ``parallelism``, starts at the next free
-worker ahead of a task of higher priority that became ready after it was taken. So on 3.4, whose
-scheduler accounting holds a slot per dispatch and starts nothing out of order, the executor takes
-none by default; before 3.4 the executor took every workload queued, and the room (on by default
-there) starts fewer out of order than that. What the executor holds waits highest priority first.
+slots allow. A workload an executor took early, beyond ``parallelism``, would start at the next free
+worker ahead of a task of higher priority that became ready after it was taken. So the executor
+holds a slot per dispatch on every line, as 3.4's does, and takes nothing beyond its slots: what
+waits stays in BaseExecutor's queues, highest priority first. What the executor holds (a key that
+takes more workers than slots) waits highest priority first too.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from harness import (
 )
 
 NO_THREAD_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
-# The prefetch room came with it (on by default until patch 18 turned it off on 3.4).
 # Starts closer than this are the same scheduler loop's (the low tasks run 0.3 s each).
 SAME_TIME = 0.1
 
@@ -64,12 +63,12 @@ def _starts(started_dir: str) -> dict[str, float]:
     }
 
 
-def scheduler_loop_with_a_late_high_priority_task(prefetch_fraction: float | None) -> dict:
+def scheduler_loop_with_a_late_high_priority_task() -> dict:
     """
     As the issue's loop: parallelism 2, two long tasks running, four priority-1 tasks ready, then one of
     priority 100. Each loop queues what ``slots_available`` allows, highest priority first, and beats.
     """
-    executor = new_executor(2, prefetch_fraction)
+    executor = new_executor(2)
     started_dir = tempfile.mkdtemp()
     gate = Path(tempfile.mkdtemp(), "go")
 
@@ -123,21 +122,15 @@ def scheduler_loop_with_a_late_high_priority_task(prefetch_fraction: float | Non
 
 def test_no_low_priority_task_starts_ahead_of_a_higher_one_it_was_taken_before(start_method):
     outcome = run_scenario(
-        scheduler_loop_with_a_late_high_priority_task,
-        start_method=start_method,
-        deadline=90,
-        prefetch_fraction=None,  # the defaults
+        scheduler_loop_with_a_late_high_priority_task, start_method=start_method, deadline=90
     )
     assert outcome["states"] == ["success"]
-    # 3.4: none, as its own executor. Before 3.4 the room is on: fewer than their own executors, which
-    # start all four low ones first (4 of 4 on 3.3.2), since the room holds two and the high one then
-    # goes first with what comes after it.
-    most = 0 if outcome["line"] == "3.4" else 3
-    assert outcome["lows started ahead of the high one"] <= most, outcome
+    # None on any line, as 3.4's own executor (3.3.2's starts all four low ones first).
+    assert outcome["lows started ahead of the high one"] == 0, outcome
 
 
 def held_workloads_in_priority_order() -> dict:
-    executor = new_executor(1, prefetch_fraction=0.0)
+    executor = new_executor(1)
     started_dir = tempfile.mkdtemp()
     gate = Path(tempfile.mkdtemp(), "go")
     long = make_workload("long", fake={"started_dir": started_dir, "wait_for": str(gate)})
@@ -168,7 +161,7 @@ def test_workloads_the_executor_holds_start_highest_priority_first(start_method)
 def a_callback_held_behind_tasks() -> dict:
     from test_other_workloads import _callback
 
-    executor = new_executor(1, prefetch_fraction=0.0)
+    executor = new_executor(1)
     started_dir = tempfile.mkdtemp()
     gate = Path(tempfile.mkdtemp(), "go")
     names = {

@@ -198,30 +198,28 @@ def test_a_supervisor_change_outside_the_methods_is_refused():
 
 
 @pytest.mark.parametrize("name", LINES)
-def test_provider_info_lists_the_executor_and_the_options_the_overlay_reads(wheels, name):
+def test_provider_info_lists_the_executor_and_no_option(wheels, name):
     line = pins.get_line(name)
     init = load_module("lepatch_pkg_init", members(wheels[name])["localexecutor_patched/__init__.py"])
     info = init.get_provider_info()
     assert info["package-name"] == "airflow-localexecutor-patched"
     assert info["executors"] == ["localexecutor_patched.executor.LocalExecutor"]
-    options = info["config"]["local_executor"]["options"]
-    text = overlay(line, pins.EXECUTOR)
-    assert set(options) == package.options_read(text) == {"prefetch_fraction", "prefetch_max_task_seconds"}
-    defaults = package.class_defaults(text)
-    for option, spec in options.items():
-        assert float(spec["default"]) == defaults[option]
-        assert spec["type"] == "float" and spec["description"]
-        assert spec["version_added"] == f"{line.version}.post{9 + package.RECUT_OFFSET}"  # patch 9 reads them
+    # The series reads no [local_executor] option (the prefetch room's two went with it): none to list.
+    assert "config" not in info
+    assert package.options_read(overlay(line, pins.EXECUTOR)) == set()
     # the runtime schema of the line's own core (jsonschema is not at hand: its required keys)
     schema = package.provider_schema(line)
     assert set(schema["required"]) <= set(info)
     assert schema.get("additionalProperties") is not False  # "versions" is allowed at runtime
     assert ("cli" in info) == ("cli" in schema["properties"])  # 3.2+: an empty cli list
-    option_schema = schema["definitions"]["option"]
-    for spec in options.values():
-        assert set(option_schema["required"]) <= set(spec)
-        assert spec["type"] in option_schema["properties"]["type"]["enum"]
     assert set(info) <= set(schema["properties"]) | {"versions"}
+
+
+def test_an_option_the_overlay_reads_must_be_documented():
+    text = 'x = self.conf.getfloat("local_executor", "prefetch_fraction", fallback=1.0)\n'
+    assert package.options_read(text) == {"prefetch_fraction"}
+    with pytest.raises(package.PackageError, match=r"reads \[local_executor\] \['prefetch_fraction'\]"):
+        package.provider_info(pins.get_line("3.3"), text)
 
 
 @pytest.fixture

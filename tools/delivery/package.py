@@ -9,8 +9,8 @@ path instead of patching the built-in one in place::
 Each wheel is generated from the line's derived overlay (``airflow_overlay/<line>/``), never from a
 hand-kept copy, and installs only files of its own under ``localexecutor_patched/``:
 
-    localexecutor_patched/__init__.py     get_provider_info(): the executor, the [local_executor]
-                                          options the series reads (``airflow config list``)
+    localexecutor_patched/__init__.py     get_provider_info(): the executor (``airflow providers``);
+                                          the series reads no [local_executor] option
     localexecutor_patched/_verified.py    the releases the wheel was verified on; any other
                                           apache-airflow-core or task-sdk is refused at import
     localexecutor_patched/executor.py     the overlay's local_executor.py byte for byte, plus two
@@ -33,7 +33,6 @@ import argparse
 import ast
 import base64
 import builtins
-import contextlib
 import email.utils
 import hashlib
 import io
@@ -63,25 +62,6 @@ WHEEL_TAG = "py3-none-any"
 GENERATOR = "lepatch tools/delivery/package.py"
 SUPERVISOR_CLASS = "WatchedSubprocess"  # where the series' supervisor fix lives in task-sdk
 SUBCLASS = "ExitWaitingActivitySubprocess"
-
-# The [local_executor] options the series reads (``_config_number("...")`` in the executor): what
-# `airflow config list` shows. Defaults and version_added are derived; a test checks that this is
-# exactly the set the overlay reads.
-OPTION_DOCS = {
-    "prefetch_fraction": (
-        "How many workloads the executor accepts beyond [core] parallelism, as a fraction of it: they "
-        "wait in the executor (never in a pipe) and start the moment a worker finishes, even while the "
-        "scheduler sleeps. Above 1: more than one per worker. 0 turns the prefetch off: a slot per "
-        "dispatch and nothing queued ahead, as upstream 3.4. A value that is not a number >= 0 stops "
-        "the scheduler at start."
-    ),
-    "prefetch_max_task_seconds": (
-        "The prefetch room takes nothing while tasks run this long (seconds; at most a quarter of "
-        "[scheduler] task_queued_timeout), so no workload waits in it long enough to be revoked as "
-        "stuck in queued. 0 turns the prefetch off too. A value that is not a number >= 0 stops the "
-        "scheduler at start."
-    ),
-}
 
 INSERT_MARK = (
     "# -- added by airflow-localexecutor-patched (tools/delivery/package.py); not part of the series' file"
@@ -320,49 +300,19 @@ def install() -> None:
 '''
 
 
-def _first_patch_reading(option: str, layout: Layout) -> int:
-    """The 1-based position of the first patch whose executor hunks add the option's name."""
-    for n, patch in enumerate(series.load_series(layout).ordered(), start=1):
-        added = [ln for ln in patch.diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
-        if any(f'"{option}"' in ln for ln in added):
-            return n
-    raise PackageError(f"no patch of the series adds the option {option!r}")
-
-
 def options_read(overlay_text: str) -> set[str]:
-    """The [local_executor] options the executor reads: ``_config_number("name", ...)`` calls."""
-    return set(re.findall(r'_config_number\(\s*"([a-z_]+)"', overlay_text))
-
-
-def class_defaults(overlay_text: str) -> dict[str, object]:
-    """The LocalExecutor class attributes' literal defaults (``prefetch_fraction: float = 1.0``)."""
-    out: dict[str, object] = {}
-    for node in _class(ast.parse(overlay_text), "LocalExecutor").body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            with contextlib.suppress(ValueError):
-                out[node.target.id] = ast.literal_eval(node.value)
-    return out
+    """The [local_executor] options the executor reads (``conf.get("local_executor", "name")``)."""
+    return set(re.findall(r'"local_executor",\s*"([a-z_]+)"', overlay_text))
 
 
 def provider_info(line: pins.Line, overlay_text: str, layout: Layout = DEFAULT) -> dict[str, object]:
-    read = options_read(overlay_text)
-    if read != set(OPTION_DOCS):
+    # why: `airflow config list` shows a provider's options only as its provider info lists them; the
+    # series reads none since the prefetch room went (issue 53), and a new one must be documented here.
+    if read := options_read(overlay_text):
         raise PackageError(
-            f"[local_executor] options read by the overlay {sorted(read)} != documented {sorted(OPTION_DOCS)}"
+            f"local_executor.py reads [local_executor] {sorted(read)}, which the wheel's provider info "
+            "does not document (tools/delivery/package.py)"
         )
-    defaults = class_defaults(overlay_text)
-    options: dict[str, object] = {}
-    for name in sorted(read):
-        value = defaults.get(name)
-        if not isinstance(value, (int, float)):
-            raise PackageError(f"local_executor.py: LocalExecutor.{name} has no numeric default")
-        options[name] = {
-            "description": OPTION_DOCS[name],
-            "version_added": f"{line.version}.post{_first_patch_reading(name, layout) + RECUT_OFFSET}",
-            "type": "float",
-            "example": None,
-            "default": str(float(value)),
-        }
     info: dict[str, object] = {
         "package-name": DIST_NAME,
         "name": "LocalExecutor patch series",
@@ -372,12 +322,6 @@ def provider_info(line: pins.Line, overlay_text: str, layout: Layout = DEFAULT) 
         ),
         "versions": [package_version(line, layout)],
         "executors": [EXECUTOR_CLASS],
-        "config": {
-            "local_executor": {
-                "description": f"The patched LocalExecutor ({EXECUTOR_CLASS}) of {DIST_NAME}.",
-                "options": options,
-            }
-        },
     }
     if "cli" in provider_schema(line, layout)["properties"]:
         # The executor adds no CLI command; saying so keeps Airflow's CLI (3.2+) from importing the
@@ -487,7 +431,7 @@ _PROVIDER_INFO = """
 
 
 def get_provider_info() -> dict[str, Any]:
-    """What ``airflow providers`` and ``airflow config list`` show: the executor and its options."""
+    """What ``airflow providers`` shows: the executor."""
     info: dict[str, Any] = json.loads(_PROVIDER_INFO)
     return info
 

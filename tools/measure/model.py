@@ -31,7 +31,8 @@ Left out of the models: sizes are scaled (a pipe of 2 pages, not 16; sizes in ha
 at most a page is not atomic-into-a-fresh-page as Linux makes it; EOF on a result pipe (a task process
 may hold it open: death is known by waitpid only); one key dispatched twice (resumed deferrals),
 connection tests, ``revoke_task``, the scheduler's own ``change_state``; the spawn start method; a
-signal inside ``end()`` and ``terminate()`` (and so ``end()``'s ``except``); the prefetch; workloads
+signal inside ``end()`` and ``terminate()`` (and so ``end()``'s ``except``); how many workloads the
+scheduler hands over at once (all of them in one batch, more than the slots allow); workloads
 or results that fail to unpickle (patch 9 fails the key of a result it cannot read); a workload that
 is not a task (no start acknowledgement).
 

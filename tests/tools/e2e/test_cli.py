@@ -58,13 +58,13 @@ def test_airflow_env_pairs_later_ones_winning() -> None:
     assert _parse().airflow_env == {}
     o = _parse(
         "--airflow-env",
-        "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION=0",
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME=0",
         "--airflow-env",
-        "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION=0.5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME=0.5",
         "--airflow-env",
         "EMPTY=",
     )
-    assert o.airflow_env == {"AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION": "0.5", "EMPTY": ""}
+    assert o.airflow_env == {"AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5", "EMPTY": ""}
     with pytest.raises(ToolError, match=r"--airflow-env wants NAME=VALUE .* not 'PREFETCH'"):
         _parse("--airflow-env", "PREFETCH")
     with pytest.raises(ToolError, match=r"not '=1'"):

@@ -67,7 +67,7 @@ def test_scenario_env_puts_the_operators_airflow_env_last(tmp_path: Path) -> Non
             "--min-heartbeat-interval",
             "1",
             "--airflow-env",
-            "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION=0",
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME=0",
             "--airflow-env",
             "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=3",
         ]
@@ -79,7 +79,7 @@ def test_scenario_env_puts_the_operators_airflow_env_last(tmp_path: Path) -> Non
         driver.QT_TASKS_ENV: "4",
         "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": f"{driver.QT_CHECK_INTERVAL:g}",
         "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "3",
-        "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION": "0",
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0",
     }
     throughput = driver.scenario_env(opts, "throughput", driver.dag_for("throughput", tasks=30), tmp_path)
     assert throughput[driver.TP_TASKS_ENV] == "30"

@@ -127,8 +127,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help=(
             "an environment variable for every stage's stack, last (repeatable), e.g. "
-            "AIRFLOW__LOCAL_EXECUTOR__PREFETCH_FRACTION=0; a stage whose executor does not read it "
-            "(the unpatched base) runs as without it"
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME=0.2"
         ),
     )
     p.add_argument(

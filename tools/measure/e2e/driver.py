@@ -66,8 +66,8 @@ queued-timeout
     queued behind the first wave waits a whole task for a worker, so the scheduler's
     stuck-in-queued check revokes it and sets it back to scheduled; the third time it fails it. The
     run passes when it succeeds, every task on its first try; the scheduler log's requeues and
-    failures by that check are reported. The prefetch room (patch 9) takes nothing while tasks
-    run long, or it would queue the revoked task again at once, and fail. Not in the default set
+    failures by that check are reported. With the series each dispatch holds a slot and nothing is
+    taken beyond them, so what waits for a worker stays scheduled, not queued. Not in the default set
     (about three minutes): ask for it with ``--scenario queued-timeout --parallelism 2``.
 
 The throughput scenario runs at Airflow's own database pool (no pool setting in the stack's

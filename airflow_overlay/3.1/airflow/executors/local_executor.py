@@ -57,17 +57,11 @@ Workers are kept busy between scheduler loops. The scheduler reads ``slots_avail
 heartbeat reads results, and sleeps ``scheduler_idle_sleep_time`` after a loop that did nothing, so a
 slot freed by a result nobody has read would wait up to that sleep and one more loop. So
 ``slots_available`` and ``slots_occupied`` first apply every result already waiting in the pipes (read
-without blocking) and hand what waits to the workers that are idle: a slot freed by now counts in this
-decision. They fork nothing and reap nothing (the scheduler reads them holding its pool rows locked):
-dead workers are reaped, and workers started, by ``heartbeat()``'s ``sync()``.
-
-With ``[local_executor] prefetch_fraction`` above 0 (``prefetch_fraction`` below says this line's
-default) the executor also accepts that fraction of ``parallelism`` beyond it while its tasks are short (``[local_executor]
-prefetch_max_task_seconds``: none should wait long enough for the scheduler's stuck-in-queued check).
-They wait in the executor's deque, highest ``priority_weight`` first, never in a pipe, and go to the
-next worker that is free when the scheduler next reads ``slots_available`` or syncs. Workers still take
-one workload at a time, so at most ``parallelism`` tasks run. The trade: a workload taken early may
-start ahead of a task of higher priority the scheduler had not queued yet.
+without blocking): a slot freed by now counts in this decision. They fork nothing and reap nothing (the
+scheduler reads them holding its pool rows locked): dead workers are reaped, and workers started, by
+``heartbeat()``'s ``sync()``. The executor takes no more than its slots allow, as the scheduler hands it
+over: what waits for a slot stays in BaseExecutor's queues, highest priority first, until the next
+heartbeat.
 
 Every workload is in exactly one place, whenever the scheduler is interrupted:
 
@@ -100,8 +94,6 @@ from collections import deque
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, NamedTuple, cast
 
-from airflow.configuration import conf
-from airflow.exceptions import AirflowConfigException
 from airflow.executors import workloads
 from airflow.executors.base_executor import BaseExecutor
 from airflow.utils.state import TaskInstanceState
@@ -581,25 +573,6 @@ class LocalExecutor(BaseExecutor):
     # Dispatched workloads no worker could take yet, with the executor queue each was taken from.
     _pending: deque[tuple[workloads.All, dict]]
 
-    #: How many workloads the executor accepts beyond ``parallelism``, as a fraction of it (at least one
-    #: when above 0): they wait in the executor, highest priority first, and start as soon as the
-    #: scheduler reads ``slots_available`` or syncs after a worker finished, without waiting for it to
-    #: queue more. The trade: a workload taken early starts ahead of a higher-priority task the
-    #: scheduler queues after it, and waits in ``queued`` meanwhile. On by default on this line, whose
-    #: own executor took every workload the scheduler queued, so the room starts fewer tasks out of
-    #: priority order than it did. ``[local_executor] prefetch_fraction`` sets it; 0 turns it off.
-    prefetch_fraction: float = 1.0
-
-    #: A workload in the prefetch room waits for a busy worker to finish, and the scheduler revokes a task
-    #: queued longer than ``[scheduler] task_queued_timeout`` (failing it the third time). So the room takes
-    #: workloads only while tasks here are short: none once one of the last ``parallelism`` tasks to end
-    #: ran this many seconds (at most a quarter of that timeout), and no more than there are workers not
-    #: running a task that started that long ago. A workload taken before a long task showed itself waits
-    #: for a worker to end; if the scheduler revokes it meanwhile, the room is closed by then (those tasks
-    #: have run long), so when queued again it waits as ``scheduled``, not here.
-    #: ``[local_executor] prefetch_max_task_seconds`` overrides it when set (0 turns the prefetch off too).
-    prefetch_max_task_seconds: float = 30.0
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # The key of the one workload each busy worker was sent and has not finished, by worker pid,
@@ -617,13 +590,6 @@ class LocalExecutor(BaseExecutor):
         # the queue it was taken from: if that worker dies, the workload goes to another one.
         self._unstarted: dict[int, tuple[workloads.All, dict]] = {}
         self._redispatched: dict[WorkloadKey, int] = {}
-        self._prefetch = 0  # none until started: an executor that runs nothing accepts nothing extra
-        # When each busy worker was sent its workload (monotonic), and how long the last ``parallelism``
-        # workloads to end took from that to their terminal result: what opens the prefetch room.
-        self._sent_at: dict[int, float] = {}
-        self._run_times: deque[float] = deque(maxlen=1)
-        self._long_task_seconds = 0.0  # what counts as long here, decided at start()
-        self._started = False  # slots_available syncs from start() until end() or terminate()
 
     def start(self) -> None:
         """Start the executor."""
@@ -640,78 +606,24 @@ class LocalExecutor(BaseExecutor):
         self._unstarted.clear()
         self._redispatched.clear()
         self._dispatch_counts.clear()
-        self._sent_at.clear()
-        self._run_times = deque(maxlen=max(1, self.parallelism))
-        # Read before anything starts: a value that is not a number stops the executor here, with nothing
-        # to clean up.
-        fraction = self._config_number("prefetch_fraction", self.prefetch_fraction)
-        max_task_seconds = self._config_number("prefetch_max_task_seconds", self.prefetch_max_task_seconds)
-        queued_timeout = conf.getfloat("scheduler", "task_queued_timeout", fallback=600.0)
-        self._long_task_seconds = min(max_task_seconds, queued_timeout / 4)
 
         if self.is_mp_using_fork:
             # This creates the maximum number of worker processes (parallelism) at once
             # to minimize gc freeze/unfreeze cycles when using fork in multiprocessing
             self._spawn_workers_with_gc_freeze(self.parallelism)
 
-        self._prefetch = max(1, round(self.parallelism * fraction)) if fraction else 0
-        self._started = True
-
-    def _config_number(self, option: str, default: float) -> float:
-        """A ``[local_executor]`` option that must be a finite number >= 0; ``default`` when it is not set."""
-        raw = self.conf.get("local_executor", option, fallback=None)
-        if raw is None or raw == "":
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not 0 <= value < float("inf"):
-            raise AirflowConfigException(f"[local_executor] {option} must be a number >= 0, not {raw!r}")
-        return value
-
     @property
     def slots_available(self):
         """Free slots, counting every result that has arrived by now (read without blocking)."""
-        self._refresh()
-        # Never below 0: the room closes while it still holds work once its tasks turn long, and the scheduler
-        # sums this over its executors, where a negative count would cancel another executor's free slots.
-        return max(0, self.parallelism + self._room() - super().slots_occupied)
+        return self.parallelism - self.slots_occupied
 
     @property
     def slots_occupied(self):
-        """Occupied slots as the scheduler caps them against ``parallelism``: the prefetch room is not."""
-        self._refresh()
-        return max(0, super().slots_occupied - self._room())
-
-    def trigger_tasks(self, open_slots: int) -> None:
-        # heartbeat() counts open slots as parallelism - running; queued workloads may use the prefetch room.
-        super().trigger_tasks(open_slots + self._room())
-
-    def _room(self) -> int:
-        """How many workloads the executor accepts beyond ``parallelism`` now (prefetch_max_task_seconds)."""
-        limit = self._long_task_seconds
-        if not self._prefetch or not limit or any(seconds >= limit for seconds in self._run_times):
-            return 0
-        now = time.monotonic()
-        long = sum(1 for pid in self._worker_tasks if now - self._sent_at.get(pid, now - limit) >= limit)
-        # Every worker not held by a long task has its share of the room behind it, which is more
-        # than one workload with a fraction above 1 (rounded up: one long task never closes it).
-        return max(0, -(-self._prefetch * (self.parallelism - long) // self.parallelism))
-
-    def _refresh(self) -> None:
-        """Apply the results waiting in the pipes and hand what waits to idle workers; never fork or reap."""
-        # The scheduler reads slots_available holding its pool rows locked: reaping a dead worker (a /proc
-        # scan, up to left_behind_timeout) and starting workers wait for heartbeat()'s sync().
-        if self._started:
-            with _held_off:
-                self._read_results()
-                self._dispatch_pending(start_workers=False)
-
-    def _stop_dispatching(self) -> None:
-        """From here on nothing is taken beyond ``parallelism`` and ``slots_available`` reads nothing."""
-        self._started = False
-        self._prefetch = 0
+        """Occupied slots, counting every result that has arrived by now (read without blocking)."""
+        # Never a fork or a reap: the scheduler reads the slots holding its pool rows locked, so reaping a
+        # dead worker (a /proc scan, up to left_behind_timeout) and starting workers wait for sync().
+        self._read_results()
+        return super().slots_occupied
 
     @_held_off
     def _check_workers(self):
@@ -847,7 +759,6 @@ class LocalExecutor(BaseExecutor):
         output.conn.close()
         self._inputs.pop(pid).close()
         del self.workers[pid]
-        self._sent_at.pop(pid, None)
         proc.join()
         if proc.exitcode is not None:  # None: reaped elsewhere, and close() would take it for running
             proc.close()
@@ -884,10 +795,10 @@ class LocalExecutor(BaseExecutor):
         self.log.error("Worker pid=%s died while holding %s; marking it failed", pid, key)
         self._finish_dispatch(key, _failed_state(key), f"LocalExecutor worker pid={pid} died", dispatch, pid)
 
-    def _dispatch_pending(self, start_workers: bool = True) -> None:
-        """Send each pending workload to an idle worker, starting workers up to ``parallelism`` if asked."""
+    def _dispatch_pending(self) -> None:
+        """Send each pending workload to an idle worker, starting workers up to ``parallelism``."""
         while self._pending:
-            pid = self._idle_worker(start_workers)
+            pid = self._idle_worker()
             if pid is None:
                 # Every worker is busy. The scheduler hands over at most ``parallelism - len(running)``
                 # workloads, so this only happens when keys occupy more workers than slots: a key
@@ -899,7 +810,6 @@ class LocalExecutor(BaseExecutor):
             workload, taken_from = self._pending.popleft()
             self._worker_tasks[pid] = _workload_key(workload)
             self._holding[pid] = workload
-            self._sent_at[pid] = time.monotonic()
             if isinstance(workload, workloads.ExecuteTask):
                 # Only a task's start is acknowledged by a fork (what else runs may run in the worker).
                 self._unstarted[pid] = (workload, taken_from)
@@ -943,12 +853,12 @@ class LocalExecutor(BaseExecutor):
             self.workers[pid].kill()
             raise
 
-    def _idle_worker(self, start: bool = True) -> int | None:
+    def _idle_worker(self) -> int | None:
         """Return an idle live worker, starting one if all are busy and fewer than ``parallelism`` exist."""
         for pid, proc in self.workers.items():
             if pid not in self._worker_tasks and not _exited(proc):
                 return pid
-        if not start or len(self.workers) >= self.parallelism:
+        if len(self.workers) >= self.parallelism:
             return None
         if self.is_mp_using_fork:
             # Replacements too are forked with the GC frozen, and all at once, to keep freeze/unfreeze
@@ -1061,8 +971,6 @@ class LocalExecutor(BaseExecutor):
             del self._worker_tasks[pid]
             self._holding.pop(pid, None)
             self._unstarted.pop(pid, None)
-            if (sent := self._sent_at.pop(pid, None)) is not None:
-                self._run_times.append(time.monotonic() - sent)
             self._finish_dispatch(key, cast("WorkloadState", state), exc, dispatch, pid)
 
     def end(self) -> None:
@@ -1073,9 +981,7 @@ class LocalExecutor(BaseExecutor):
         )
         try:
             # Nothing starts once shutdown has begun, so it waits only for the tasks that run: a workload no
-            # worker took (the prefetch room, or one waiting for a worker to start) is queued again below.
-            self._stop_dispatching()
-
+            # worker took (one waiting for a worker to start, or for a busy key's worker) is queued again below.
             # Each worker gets its shutdown message on its own pipe, behind at most the workload it runs.
             for pid in list(self.workers):
                 with contextlib.suppress(OSError):  # already gone: reaped below
@@ -1090,7 +996,6 @@ class LocalExecutor(BaseExecutor):
                     self._reap_workers(exited)
         except (KeyboardInterrupt, SystemExit):
             self.log.error("KeyboardInterrupt received during shutdown. Force terminating workers.")
-            self._stop_dispatching()
             self._stop_workers(list(self.workers))
             # Their complete frames are read, a partial one is dropped: nothing here can block.
             if exited := [pid for pid, proc in self.workers.items() if _exited(proc)]:
@@ -1108,7 +1013,6 @@ class LocalExecutor(BaseExecutor):
     def terminate(self):
         """Terminate all worker processes under control of the executor forcefully."""
         self.log.info("Terminating all LocalExecutor worker processes.")
-        self._stop_dispatching()
         self._stop_workers(list(self.workers))
 
         # Then what they started and left running; they are reaped only once that is dead (their pids
@@ -1136,8 +1040,7 @@ class LocalExecutor(BaseExecutor):
     @_held_off
     def _process_workloads(self, workloads):
         for workload in workloads:
-            # It may be sent later, from slots_available: one that cannot be pickled fails here, and
-            # stays queued.
+            # It may be sent later, from sync(): one that cannot be pickled fails here, and stays queued.
             ForkingPickler.dumps(workload)
             taken_from = self._take_queued(workload)
             key = _workload_key(workload)
@@ -1146,7 +1049,7 @@ class LocalExecutor(BaseExecutor):
             self._newest[key] = workload
             self._add_pending(workload, taken_from)
         self._check_workers()
-        if len(self._pending) > self._prefetch:
+        if self._pending:
             self.log.warning(
                 "%d dispatched workloads wait for a free worker: every one of %d workers is busy",
                 len(self._pending),
