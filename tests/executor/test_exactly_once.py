@@ -174,6 +174,9 @@ def sigterm_at_every_line(stride: int, upto: int) -> dict:
 
 
 @pytest.mark.fixed_by(EXACTLY_ONCE_PATCH)
+# Above the scenario's own deadline (300 s): the spawn sweep starts an executor per try, a second per
+# worker, and on a loaded two-CPU machine takes over pytest's default two minutes.
+@pytest.mark.timeout(330)
 @pytest.mark.parametrize(
     ("start_method", "stride", "upto"),
     [pytest.param("fork", 4, 10_000, id="fork"), pytest.param("spawn", 3, 40, id="spawn")],
