@@ -8,8 +8,8 @@ is retried.
 
 Each run of a task's callable appends JSON lines to the file ``LEPATCH_SOAK_RECORDS`` names, one
 ``os.write`` on an ``O_APPEND`` descriptor each (lines of concurrent tries never interleave):
-``start`` (dag_id, run_id, task_id, try, pid and its /proc starttime, monotonic and wall clock),
-``mark`` every 0.5 s while it sleeps or burns CPU (the last time it was seen alive if it is
+``start`` (dag_id, run_id, task_id, try, the try's uuid, pid and its /proc starttime, monotonic
+and wall clock), ``mark`` every 0.5 s while it sleeps or burns CPU (the last time it was seen alive if it is
 killed), ``child`` (the forked child's pid, starttime and when it will end), and ``end``. The
 checker (``tools/measure/e2e/soak_check.py``) reads them afterwards: what ran, when, and twice or
 not, comes from the tasks themselves, not from the executor or the database.
@@ -51,6 +51,7 @@ def _record(ti: Any, ev: str, **extra: Any) -> None:
         "task_id": ti.task_id,
         "map_index": ti.map_index,
         "try": int(ti.try_number),
+        "ti_id": str(ti.id),  # each try has its own; the driver names it when it kills that try's process
         "pid": pid,
         "pst": _starttime(pid),
         "mono": time.monotonic(),

@@ -24,6 +24,7 @@ def rec(ev: str, run: str, task: str, try_number: int, pid: int, mono: float, **
         "task_id": task,
         "map_index": -1,
         "try": try_number,
+        "ti_id": f"uuid-{run}-{task}-{try_number}",
         "pid": pid,
         "pst": pid * 10,
         "mono": mono,
@@ -92,7 +93,8 @@ def test_an_overlap_fails_with_both_tries_as_evidence() -> None:
 
 
 def test_touching_tries_do_not_overlap() -> None:
-    records = [*attempt("r", "t", 1, 1, T0, T0 + 2), *attempt("r", "t", 2, 2, T0 + 2, T0 + 3)]
+    # try 1 killed after its last mark at T0+2; try 2 starts that very instant
+    records = [*attempt("r", "t", 1, 1, T0, None, marks=4), *attempt("r", "t", 2, 2, T0 + 2, T0 + 3)]
     v = check(records, [ti("r", "t", "success", 2)], {"r": "success"}, T0, T_END)
     assert v.violations == []
 
@@ -127,7 +129,7 @@ def test_a_try_the_database_never_reached_is_lost() -> None:
     records, tis, runs = clean_history()
     records += attempt("soak-00000", "noop_0", 2, 198, T0 + 40, T0 + 40.1)
     v = check(records, tis, runs, T0, T_END)
-    assert invariants(v) == ["lost-try"]
+    assert invariants(v) == ["lost-try", "rerun"]  # and try 1 had returned
     assert "the database's last try is 1" in v.violations[0].evidence
 
 
@@ -154,7 +156,8 @@ def test_not_terminal_task_instances_and_runs_fail() -> None:
     assert "no try ever started" in by_what["soak-00002/noop_0"].evidence
     assert by_what["soak-00002/noop_0"].t == pytest.approx(T_END - T0)
     assert "still None" in by_what["soak-00003"].evidence
-    assert v.first() is not None and v.first().invariant == "terminal"
+    first = v.first()
+    assert first is not None and first.invariant == "terminal"
 
 
 def test_failed_and_upstream_failed_are_terminal() -> None:
@@ -226,3 +229,15 @@ def test_read_loops_takes_the_scheduling_records(tmp_path: Path) -> None:
     p = tmp_path / "looptrace-1.txt"
     p.write_text("S 10.0 10.5 1.0 1.2 3\nH 10.5 10.6 1.2 1.3\nS 11.0 11.1 1.3 1.4 0\nS bad\n")
     assert soak_check.read_loops(p) == [(10.0, 10.5), (11.0, 11.1)]
+
+
+def test_a_returned_try_run_again_without_a_fault_is_a_rerun() -> None:
+    records = [*attempt("r", "t", 1, 1, T0, T0 + 1), *attempt("r", "t", 2, 2, T0 + 20, T0 + 21)]
+    tis = [ti("r", "t", "success", 2)]
+    v = check(records, tis, {"r": "success"}, T0, T_END)
+    assert invariants(v) == ["rerun"]
+    assert v.violations[0].t == pytest.approx(20.0)
+    assert "try 1 pid 1" in v.violations[0].evidence and "try 2 pid 2" in v.violations[0].evidence
+    # ... but not when the driver killed that try's worker or task process: its result may be lost
+    excused = check(records, tis, {"r": "success"}, T0, T_END, hit={"uuid-r-t-1": "kill-worker at 1.2s"})
+    assert excused.violations == []

@@ -69,6 +69,9 @@ QUEUED_TIMEOUT_S = 600.0  # [scheduler] task_queued_timeout: Airflow's own defau
 READY_TIMEOUT_S = 180.0
 END_GRACE_S = 5.0  # a recorded process may still be exiting this long after it was due to be gone
 TICK_S = 0.2
+# A fault that finds no target (no task running, no worker while a scheduler starts) is tried again
+# every tick for this long before it is counted as skipped.
+DEFER_S = 30.0
 
 
 @dataclass
@@ -241,6 +244,7 @@ class StageSoak:
         self.incarnations: list[Incarnation] = []
         self.left_alive: list[LeftAlive] = []
         self.observed: list[Violation] = []  # stop-bound: the driver's own observations
+        self.hit: dict[str, str] = {}  # a try's uuid -> the fault that killed its task process or worker
         self.paused_until = 0.0
         self._pause_lock = threading.Lock()
         self._cont_timer: threading.Timer | None = None
@@ -295,12 +299,16 @@ class StageSoak:
                 if w is None:
                     return None
                 procfs.send(w.pid, signal.SIGKILL)
+                if w.busy_with:
+                    self.hit[w.busy_with] = f"{fault.kind} at {self.t():.1f}s"
                 return f"SIGKILL worker {w.pid} ({'running ' + str(w.busy_with) if w.busy_with else 'idle'})"
             tasks = [(c, w) for w in workers for c in w.children]
             hit = soak_faults.choose(fault.pick, tasks, key=lambda cw: cw[0])
             if hit is None:
                 return None
             procfs.send(hit[0], signal.SIGKILL)
+            if hit[1].busy_with:
+                self.hit[hit[1].busy_with] = f"{fault.kind} at {self.t():.1f}s"
             return f"SIGKILL task process {hit[0]} (worker {hit[1].pid}, ti {hit[1].busy_with})"
         if fault.kind == soak_faults.PAUSE_API:
             return self._pause_api(fault.pause_s)
@@ -430,13 +438,18 @@ class StageSoak:
             todo = list(self.schedule)
             while self.t() < self.opts.duration:
                 self._supervise()
+                waiting = []
                 while todo and todo[0].t <= self.t():
                     fault = todo.pop(0)
                     hit = self._apply(fault)
+                    if hit is None and self.t() < fault.t + DEFER_S:
+                        waiting.append(fault)  # e.g. no worker yet: a scheduler is starting
+                        continue
                     res.faults.append(
                         {**fault.as_json(), "at": round(self.t(), 2), "done": hit is not None, "hit": hit}
                     )
                     self.event(f"{fault.kind} (scheduled {fault.t:.1f}s): {hit or 'no target, skipped'}")
+                todo[:0] = waiting
                 time.sleep(TICK_S)
             for fault in todo:  # a long restart can push the last ones past the end
                 res.faults.append(
@@ -504,6 +517,7 @@ class StageSoak:
             self.incarnations,
             self.opts.loop_bound,
             self.observed,
+            self.hit,
         )
         self.result.verdict = verdict
 
@@ -612,6 +626,7 @@ INVARIANT_COLS = {
     "overlap": "overlap",
     "duplicate-try": "dup-try",
     "lost-try": "lost",
+    "rerun": "rerun",
     "left-alive": "left",
     "loop-blocked": "loop",
     "stop-bound": "stop",

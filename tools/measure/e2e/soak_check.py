@@ -17,6 +17,12 @@ duplicate-try
 lost-try
     A task instance the database calls ``success`` has an attempt of its final try that returned
     (its ``end`` record, not raised); and no attempt ran a try the database never reached.
+rerun
+    A try that returned (its ``end`` record, not raised) is not followed by another try of the same
+    task instance, unless the driver killed that try's task process or worker (``hit``: the try's
+    uuid, which the records carry, to what hit it): then its result may be lost before it was
+    reported, and running it again is what Airflow promises (at least once). Without such a fault
+    the task ran twice for nothing, e.g. a result dropped across a scheduler restart.
 left-alive
     No task process, nor a child it forked past the child's own lifetime, is alive at the end, or
     after the scheduler above it exited (what the driver saw, passed in as ``LeftAlive``).
@@ -37,12 +43,21 @@ from __future__ import annotations
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-INVARIANTS = ("terminal", "overlap", "duplicate-try", "lost-try", "left-alive", "loop-blocked", "stop-bound")
+INVARIANTS = (
+    "terminal",
+    "overlap",
+    "duplicate-try",
+    "lost-try",
+    "rerun",
+    "left-alive",
+    "loop-blocked",
+    "stop-bound",
+)
 TERMINAL_TI = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 FINAL_RUN = frozenset({"success", "failed"})
 LOOP_BOUND_S = 30.0  # Airflow's [scheduler] scheduler_health_check_threshold
@@ -77,6 +92,7 @@ class Attempt:
     ended: bool = False
     raised: bool = False
     child: tuple[int, int, float] | None = None  # pid, starttime, monotonic time it is meant to end
+    ti_id: str = ""  # the try's uuid
 
     def span(self, t0: float) -> str:
         end = "ended" if self.ended else "last seen"
@@ -154,7 +170,9 @@ def attempts(records: Iterable[dict[str, Any]]) -> list[Attempt]:
         mono = float(r["mono"])
         a = by.get(ident)
         if a is None:
-            a = by[ident] = Attempt(key, ident[1], ident[2], ident[3], mono, mono)
+            a = by[ident] = Attempt(
+                key, ident[1], ident[2], ident[3], mono, mono, ti_id=str(r.get("ti_id", ""))
+            )
         a.start = min(a.start, mono)
         a.last = max(a.last, mono)
         if r["ev"] == "end":
@@ -280,6 +298,26 @@ def check_lost(
     return out
 
 
+def check_rerun(by_key: dict[TiKey, list[Attempt]], t0: float, hit: Mapping[str, str]) -> list[Violation]:
+    out = []
+    for key, mine in by_key.items():
+        for a in mine:
+            if not a.ended or a.raised or a.ti_id in hit:
+                continue
+            later = sorted((b for b in mine if b.try_number > a.try_number), key=lambda b: b.start)
+            if later:
+                b = later[0]
+                out.append(
+                    Violation(
+                        "rerun",
+                        b.start - t0,
+                        _ti(key),
+                        f"{a.span(t0)} returned, no fault hit it, yet {b.span(t0)} ran",
+                    )
+                )
+    return out
+
+
 def recorded_processes(atts: Iterable[Attempt], grace: float = 1.0) -> list[tuple[int, int, float, str]]:
     """Every process the records name: (pid, starttime, monotonic time after which it must be gone, what)."""
     out = []
@@ -354,6 +392,7 @@ def check(
     incarnations: Sequence[Incarnation] = (),
     loop_bound: float = LOOP_BOUND_S,
     observed: Sequence[Violation] = (),
+    hit: Mapping[str, str] | None = None,
 ) -> Verdict:
     """Every rule over one stage's history; the violations in time order."""
     atts = attempts(records)
@@ -365,6 +404,7 @@ def check(
         *check_overlap(by_key, t0),
         *check_duplicate(by_key, t0),
         *check_lost(tis, by_key, t0, t_end),
+        *check_rerun(by_key, t0, hit or {}),
         *check_left_alive(left_alive, t0),
         *check_loops(incarnations, t0, loop_bound),
         *observed,
