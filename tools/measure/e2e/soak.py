@@ -116,14 +116,20 @@ def psql(pg: Postgres, db_url: str, sql: str) -> list[list[str]]:
     return [ln.split("\t") for ln in r.stdout.splitlines() if ln]
 
 
+TI_COLUMNS = "select column_name from information_schema.columns where table_name = 'task_instance'"
+
+
 def db_runs(pg: Postgres, db_url: str) -> dict[str, str | None]:
     rows = psql(pg, db_url, f"select run_id, state from dag_run where dag_id = '{DAG_ID}'")
     return {r[0]: (r[1] or None) for r in rows}
 
 
 def db_tis(pg: Postgres, db_url: str) -> list[TiRow]:
+    cols = {r[0] for r in psql(pg, db_url, TI_COLUMNS)}
+    # why: 3.4 renamed task_instance.map_index to region_index (the task still sees ti.map_index).
+    index = "map_index" if "map_index" in cols else "region_index"
     sql = (
-        "select dag_id, run_id, task_id, map_index, coalesce(state, ''), try_number "
+        f"select dag_id, run_id, task_id, {index}, coalesce(state, ''), try_number "
         f"from task_instance where dag_id = '{DAG_ID}'"
     )
     return [TiRow(r[0], r[1], r[2], int(r[3]), r[4] or None, int(r[5])) for r in psql(pg, db_url, sql)]
@@ -503,8 +509,13 @@ class StageSoak:
                 self.left_alive.append(LeftAlive(now, pid, title_of(pid), f"at the end ({what})"))
         for n, inc in enumerate(self.incarnations, 1):
             inc.loops = soak_check.read_loops(self._trace_file(n))
-        tis = db_tis(self.pg, self.db_url)
-        runs = {r: s for r, s in db_runs(self.pg, self.db_url).items()}
+        try:
+            tis = db_tis(self.pg, self.db_url)
+            runs = db_runs(self.pg, self.db_url)
+        except StackError as e:  # the tasks' own records are still worth judging
+            self.result.error = f"the database was not read, terminal and lost-try not judged: {e}"
+            self.say(f"  error: {self.result.error}")
+            tis, runs = [], {}
         for r in self.triggered:
             runs.setdefault(r, None)
         verdict = soak_check.check(
@@ -609,6 +620,8 @@ def stage_text(res: StageResult, limit: int = 25) -> str:
     lines += [f"   {x.text()}" for x in v.violations[:limit]]
     if len(v.violations) > limit:
         lines.append(f"   ... {len(v.violations) - limit} more in the report")
+    if res.error:
+        lines.append(f"   error: {res.error}")
     for msg in res.airflow_faults:
         lines.append(f"   airflow: {msg}")
     return "\n".join(lines)
