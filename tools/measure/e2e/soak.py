@@ -128,9 +128,12 @@ def db_tis(pg: Postgres, db_url: str) -> list[TiRow]:
     cols = {r[0] for r in psql(pg, db_url, TI_COLUMNS)}
     # why: 3.4 renamed task_instance.map_index to region_index (the task still sees ti.map_index).
     index = "map_index" if "map_index" in cols else "region_index"
+    # why: 3.4 keeps each try's row in task_instance, archived (working_set NULL) when the next try's
+    # row is made; the live one has working_set true.
+    live = " and working_set" if "working_set" in cols else ""
     sql = (
         f"select dag_id, run_id, task_id, {index}, coalesce(state, ''), try_number "
-        f"from task_instance where dag_id = '{DAG_ID}'"
+        f"from task_instance where dag_id = '{DAG_ID}'{live}"
     )
     return [TiRow(r[0], r[1], r[2], int(r[3]), r[4] or None, int(r[5])) for r in psql(pg, db_url, sql)]
 
