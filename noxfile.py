@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -37,8 +38,8 @@ def install(session: nox.Session, *packages: str) -> None:
     session.install("-c", str(TOOLS_CONSTRAINTS), *packages)
 
 
-def run_tools(session: nox.Session, *args: str) -> None:
-    session.run(PYTHON, "-m", "tools", *args, external=True)
+def run_tools(session: nox.Session, *args: str, **kwargs: Any) -> None:
+    session.run(PYTHON, "-m", "tools", *args, external=True, **kwargs)
 
 
 @nox.session(venv_backend="none")
@@ -120,6 +121,14 @@ def changelog(session: nox.Session) -> None:
 def e2e(session: nox.Session) -> None:
     """Run a real Airflow with the overlay and kill its workers on purpose (2-10 min; see docs/e2e.md)."""
     run_tools(session, "e2e", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def soak(session: nox.Session) -> None:
+    """A real stack under load and seeded faults, the release against the series (10 min x 2; docs/e2e.md)."""
+    # why: on Ctrl-C nox SIGTERMs then SIGKILLs its child within 0.5 s by default; the soak needs
+    # time to stop the stack and PostgreSQL, or they would be left running.
+    run_tools(session, "soak", *session.posargs, interrupt_timeout=120, terminate_timeout=30)
 
 
 @nox.session(venv_backend="none")

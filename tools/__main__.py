@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "tools.delivery.upstream_prs",
     "tools.delivery.upstream_tests",
     "tools.measure.e2e.cli",
+    "tools.measure.e2e.soak",
     "tools.measure.model",
 )
 

@@ -1,0 +1,112 @@
+"""``python -m tools soak``: its options, and the figures table from stage results (no stack)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+
+import pytest
+
+from tools.measure.e2e import soak, soak_faults
+from tools.measure.e2e.soak_check import Verdict, Violation
+from tools.shared.errors import ToolError
+
+
+def _opts(*argv: str) -> soak.SoakOptions:
+    p = argparse.ArgumentParser()
+    soak.add_arguments(p)
+    return soak.options_from(p.parse_args(list(argv)))
+
+
+def test_defaults_compare_the_release_with_the_series_for_ten_minutes() -> None:
+    o = _opts()
+    assert o.stages == [0, None] and o.duration == 600 and o.parallelism == 16
+    assert o.rates == soak_faults.DEFAULT_RATES
+    assert _opts("--stage", "full").stages == [None]
+    assert _opts("--stage", "3").stages == [3]
+    assert _opts("--fault-rate", "pause-api=0").rates[soak_faults.PAUSE_API] == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--fault-rate", "nap=1"], "no fault kind"),
+        (["--duration", "5"], "--duration must be more than"),
+        (["--stage", "x"], "neither a stage number"),
+        (["--compare-stages", "0"], "at least two stages"),
+        (["--parallelism", "1"], "at least 2"),
+    ],
+)
+def test_bad_options_are_refused_in_one_line(argv: list[str], says: str) -> None:
+    with pytest.raises(ToolError, match=says):
+        _opts(*argv)
+
+
+def test_the_figures_table_has_a_row_per_stage_with_faults_and_violations() -> None:
+    o = _opts("--duration", "180", "--seed", "4")
+    broken = soak.StageResult("stage 0", 0, "aa", runs_triggered=30)
+    broken.faults = [
+        {"kind": "kill-worker", "done": True},
+        {"kind": "kill-worker", "done": True},
+        {"kind": "pause-api", "done": True},
+        {"kind": "kill-task", "done": False},
+    ]
+    broken.restarts = {"scheduler": {"fault": 2, "exited": 1}}
+    broken.verdict = Verdict(
+        [
+            Violation("terminal", 95.0, "soak-00003/sleep_0", "running on try 1 at the end"),
+            Violation("overlap", 40.5, "soak-00001/sleep_1", "both for >= 1.00 s"),
+        ],
+        attempts=290,
+        tis=300,
+        states={"success": 280, "failed": 2, "running": 18},
+    )
+    clean = soak.StageResult("full series", None, "bb", runs_triggered=30)
+    clean.faults = [{"kind": "restart-scheduler", "done": True}]
+    clean.verdict = Verdict([], attempts=310, tis=300, states={"success": 300})
+    failed = soak.StageResult("stage 9", 9, "cc", error="stack not ready after 180 s")
+    lines = soak.figures_table(o, [broken, clean, failed]).splitlines()
+    assert "seed 4" in lines[0] and "180 s" in lines[0]
+    head = lines[1].split()
+    assert head[:6] == ["stage", "runs", "TIs", "success", "failed", "other"]
+    row0 = lines[2].replace("stage 0", "stage-0").split()
+    # runs, TIs, success, failed, other | kill-wk, kill-task, restart, pause, skipped, restarts | ...
+    assert row0[1:7] == ["30", "300", "280", "2", "18", "|"]
+    assert row0[7:13] == ["2", "0", "0", "1", "1", "3"]
+    assert row0[14:22] == ["1", "1", "0", "0", "0", "0", "0", "0"]
+    assert lines[2].endswith("overlap at 40.5s")
+    assert lines[3].endswith("| none")
+    assert lines[4].endswith("error: stack not ready after 180 s")
+    text = soak.stage_text(broken)
+    assert "first: overlap at 40.5s" in text and "soak-00003/sleep_0" in text
+
+
+def test_alive_as_tells_a_process_from_one_that_reused_its_pid() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        from tools.measure.e2e import procfs
+
+        st = procfs.stat(child.pid).starttime
+        assert soak.alive_as(child.pid, st)
+        assert not soak.alive_as(child.pid, st + 1)
+    finally:
+        child.kill()
+        child.wait()
+    assert not soak.alive_as(child.pid, st)
+    assert soak.title_of(os.getpid()) != "gone"
+
+
+def test_a_cleanup_is_shielded_from_ctrl_c_and_sigterm() -> None:
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    with soak.shielded():
+        os.kill(os.getpid(), signal.SIGINT)  # ignored: no KeyboardInterrupt in the middle of a stop
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) == before
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)  # the handler runs at the latest here
