@@ -25,7 +25,7 @@ from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 
-TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv")
+TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv", "wheel")
 COMPILE = ("pip", "compile", "-", "--universal", "--quiet")
 
 
