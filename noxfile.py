@@ -195,7 +195,7 @@ def package(session: nox.Session) -> None:
 # why venv: it seeds pip, which fetches the pinned source wheels (uv's venvs have none)
 @nox.session(venv_backend="venv")
 def wheels(session: nox.Session) -> None:
-    """Rebuild Airflow's core and task-sdk wheels with the series' files: dist/wheels/ (`-- --check-install`)."""
+    """Airflow's core and task-sdk wheels with the series' files into dist/wheels/ (`-- --check-install`)."""
     install(session, "wheel")
     session.run("python", "-m", "tools", "wheels", *session.posargs, env={"PYTHONPATH": str(ROOT)})
 

@@ -26,7 +26,7 @@ COMMAND_MODULES = (
     "tools.delivery.newsfragments",
     "tools.delivery.overlay_install",
     "tools.delivery.package",
-    "tools.delivery.wheels",
+    "tools.delivery.wheels_check",
     "tools.delivery.backport",
     "tools.delivery.pr",
     "tools.delivery.upstream_prs",

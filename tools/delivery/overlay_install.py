@@ -17,9 +17,10 @@ directory inside the environment::
 so ``restore`` can put the originals back exactly and ``status`` can tell whether a file
 was changed since. ``status`` also recognises Airflow's own wheels rebuilt with the series' files
 (``nox -s wheels``: a version ``X+lepatch.N`` and a ``lepatch.json`` in its dist-info): state
-``wheel``, each file checked against the hash the wheel recorded; ``install`` refuses there. The record's ``state`` is written *before* the files are swapped
-(``installing``) and flipped to ``installed`` after the smoke dispatch passed: an install
-that was killed half-way is visible, and ``restore`` undoes it. ``restore --force`` over a
+``wheel``, each file checked against the hash the wheel recorded; ``install`` refuses there.
+The record's ``state`` is written *before* the files are swapped (``installing``) and flipped
+to ``installed`` after the smoke dispatch passed: an install that was killed half-way is
+visible, and ``restore`` undoes it. ``restore --force`` over a
 file edited since keeps that edit in ``lepatch-overlay/kept/<file>.<time>.<sha256>``.
 
 Inspecting the environment never imports Airflow: versions and file locations come from the
@@ -342,7 +343,9 @@ def _wheel_record(target: Path, text: str | None) -> dict[str, Any] | None:
     try:
         data: dict[str, Any] = json.loads(text)
     except ValueError as exc:
-        raise OverlayError(f"{target}: its distribution's {wheels.RECORD_NAME} is unreadable ({exc})") from exc
+        raise OverlayError(
+            f"{target}: its distribution's {wheels.RECORD_NAME} is unreadable ({exc})"
+        ) from exc
     return data
 
 
@@ -526,9 +529,13 @@ class OverlayInstaller:
                 path = inst.site / entry["path"]
                 got = sha256(path.read_bytes()) if path.is_file() else "missing"
                 if got != entry["sha256_after"]:
-                    changed.append(f"{path} (sha256 {got[:12]}, the wheel installed {entry['sha256_after'][:12]})")
+                    changed.append(
+                        f"{path} (sha256 {got[:12]}, the wheel installed {entry['sha256_after'][:12]})"
+                    )
             patches = len(rec.get("series", {}).get("patches", []))
-            said.append(f"{inst.file.distribution} {inst.version} ({len(files)} file(s), {patches} patch(es))")
+            said.append(
+                f"{inst.file.distribution} {inst.version} ({len(files)} file(s), {patches} patch(es))"
+            )
         if not any(inst.wheel_record for inst in env.files):
             why = "a +lepatch version without its lepatch.json record (not built by `nox -s wheels`?)"
             return Status(OverlayState.FOREIGN, env, line, None, current, why)

@@ -24,7 +24,6 @@ touch the distribution's files, the source wheel's sha256, and each file's sha25
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import html
 import json
@@ -37,6 +36,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tools.delivery import package
 from tools.engine import apply, fetch, series
@@ -265,6 +265,10 @@ def _project(wheel_name: str) -> str:
     return re.sub(r"[-_.]+", "-", wheel_name.split("-", 1)[0]).lower()
 
 
+def _page(title: str, body: str) -> str:
+    return f"<!DOCTYPE html>\n<html><head><title>{title}</title></head><body>\n{body}</body></html>\n"
+
+
 def write_index(out: Path) -> Path:
     """``out/simple/``: a PEP 503 index of the wheels in ``out`` (links back to them, with sha256)."""
     simple = out / "simple"
@@ -278,20 +282,17 @@ def write_index(out: Path) -> Path:
     for project, wheels in sorted(by_project.items()):
         (simple / project).mkdir()
         links = "".join(
-            f'<a href="../../{html.escape(w.name)}#sha256={fetch.sha256_file(w)}">{html.escape(w.name)}</a><br>\n'
+            f'<a href="../../{html.escape(w.name)}#sha256={fetch.sha256_file(w)}">'
+            f"{html.escape(w.name)}</a><br>\n"
             for w in wheels
         )
-        (simple / project / "index.html").write_text(
-            f"<!DOCTYPE html>\n<html><head><title>Links for {project}</title></head><body>\n{links}</body></html>\n"
-        )
+        (simple / project / "index.html").write_text(_page(f"Links for {project}", links))
         rows.append(f'<a href="{project}/">{project}</a><br>\n')
-    (simple / "index.html").write_text(
-        f"<!DOCTYPE html>\n<html><head><title>Simple index</title></head><body>\n{''.join(rows)}</body></html>\n"
-    )
+    (simple / "index.html").write_text(_page("Simple index", "".join(rows)))
     return simple
 
 
-def read_record(wheel: Path) -> dict[str, object]:
+def read_record(wheel: Path) -> dict[str, Any]:
     """The ``lepatch.json`` a rebuilt wheel carries."""
     import zipfile
 
@@ -299,7 +300,7 @@ def read_record(wheel: Path) -> dict[str, object]:
         name = next((n for n in zf.namelist() if n.endswith(f".dist-info/{RECORD_NAME}")), None)
         if name is None:
             raise WheelsError(f"{wheel.name}: no {RECORD_NAME} (not a wheel this tool rebuilt)")
-        data: dict[str, object] = json.loads(zf.read(name))
+        data: dict[str, Any] = json.loads(zf.read(name))
         return data
 
 
@@ -309,38 +310,3 @@ def build(lines: list[pins.Line], out: Path, layout: Layout = DEFAULT) -> list[P
     built = [w for line in lines for w in build_line(line, out, layout)]
     write_index(out)
     return built
-
-
-def _cmd_wheels(args: argparse.Namespace) -> int:
-    try:
-        lines = [pins.get_line(name) for name in args.line] if args.line else list(pins.LINES)
-    except KeyError as e:
-        raise ToolError(str(e.args[0])) from None
-    out = args.out.resolve()
-    if args.check_install:
-        from tools.delivery import wheels_check
-
-        return wheels_check.check_install(lines, out, python=args.python)
-    for wheel in build(lines, out):
-        print(f"{DEFAULT.rel(wheel)} sha256 {fetch.sha256_file(wheel)[:16]}")
-    print(
-        f"index: {DEFAULT.rel(out / 'simple')}; install with "
-        f"`pip install --find-links {DEFAULT.rel(out)} apache-airflow-core==<release>`"
-    )
-    return 0
-
-
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "wheels",
-        help="rebuild Airflow's own wheels (core, task-sdk) with the series' files, per covered release",
-    )
-    p.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: dist/wheels/")
-    p.add_argument(
-        "--check-install",
-        action="store_true",
-        help="install the built wheels into a fresh venv as users install Airflow, and check them",
-    )
-    p.add_argument("--python", default=None, help="--check-install: the interpreter of the new venv")
-    p.set_defaults(func=_cmd_wheels)

@@ -1,4 +1,5 @@
-"""``nox -s wheels -- --check-install --line 3.3``: the patched wheels installed as users install Airflow.
+"""``nox -s wheels``: build the patched wheels (tools.delivery.wheels), or with ``--check-install --line 3.3``
+install them as users install Airflow and check the result.
 
 In a fresh venv (``python -m venv``, its own pip), one unchanged command an operator types, with the
 built folder as ``--find-links`` and the line's constraints as Airflow publishes them::
@@ -17,6 +18,7 @@ core) leaves the pinned upstream files and a clean ``pip check``.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -25,9 +27,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tools.delivery import overlay_install, wheels
-from tools.engine import venvs
+from tools.engine import fetch, venvs
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
@@ -62,7 +65,9 @@ def _run(
     full = dict(env or os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_REQUIRE_VIRTUALENV="0")
     full.pop("PIP_CONSTRAINT", None)  # why: only the line's constraints decide, as for an operator
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full, cwd=cwd, check=False)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=full, cwd=cwd, check=False
+        )
     except subprocess.TimeoutExpired:
         raise CheckError(f"{what}: no result within {timeout:.0f} s") from None
     if proc.returncode != 0:
@@ -76,21 +81,22 @@ def installed_versions(python: Path) -> dict[str, str]:
     return {row["name"].lower(): row["version"] for row in json.loads(out)}
 
 
-def check_files(python: Path, wheel_records: dict[str, dict[str, object]]) -> list[str]:
+def check_files(python: Path, wheel_records: dict[str, dict[str, Any]]) -> list[str]:
     """Every file each wheel recorded, as installed: one line per file, raising on the first mismatch."""
     site = venvs.purelib(python)
     said = []
     for dist, rec in sorted(wheel_records.items()):
-        for entry in rec["files"]:  # type: ignore[attr-defined]
+        for entry in rec["files"]:
             path = site / entry["path"]
             got = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
             if got != entry["sha256_after"]:
                 raise CheckError(f"{path}: sha256 {got}, {dist}'s wheel recorded {entry['sha256_after']}")
-            said.append(f"{dist}: {entry['path']} sha256 {got[:16]} (the overlay's; upstream's {entry['sha256_before'][:16]})")
+            was = entry["sha256_before"][:16]
+            said.append(f"{dist}: {entry['path']} sha256 {got[:16]} (the overlay's; upstream's {was})")
     return said
 
 
-def _records(out: Path, line: pins.Line, versions: dict[str, str]) -> dict[str, dict[str, object]]:
+def _records(out: Path, line: pins.Line, versions: dict[str, str]) -> dict[str, dict[str, Any]]:
     recs = {}
     for dist in (pins.DISTRIBUTION, pins.SUPERVISOR.distribution):
         version = versions.get(dist)
@@ -102,7 +108,9 @@ def _records(out: Path, line: pins.Line, versions: dict[str, str]) -> dict[str, 
     return recs
 
 
-def check_install(lines: list[pins.Line], out: Path, python: str | None = None, layout: Layout = DEFAULT) -> int:
+def check_install(
+    lines: list[pins.Line], out: Path, python: str | None = None, layout: Layout = DEFAULT
+) -> int:
     for line in lines:
         check_line(line, out, python or sys.executable, layout)
     return 0
@@ -113,7 +121,9 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
     core, sdk = pins.DISTRIBUTION, pins.SUPERVISOR.distribution
     sdk_version = line.core_sdk[line.version]
     expected = {core: f"{line.version}+{label}", sdk: f"{sdk_version}+{label}"}
-    missing = [v for d, v in expected.items() if not (out / f"{d.replace('-', '_')}-{v}-py3-none-any.whl").is_file()]
+    missing = [
+        v for d, v in expected.items() if not (out / f"{d.replace('-', '_')}-{v}-py3-none-any.whl").is_file()
+    ]
     if missing:
         print(f"building the {line.name} wheels into {layout.rel(out)} (missing: {', '.join(missing)})")
         wheels.build([line], out, layout)
@@ -124,14 +134,28 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
         _run([base_python, "-m", "venv", str(venv)], "python -m venv")
         python = venv / "bin" / "python"
         _run(
-            [str(python), "-m", "pip", "install", "--quiet", "--find-links", str(out), "-c", str(constraints), *reqs],
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--find-links",
+                str(out),
+                "-c",
+                str(constraints),
+                *reqs,
+            ],
             "pip install",
         )
         got = installed_versions(python)
         for dist, want in expected.items():
             if got.get(dist) != want:
                 raise CheckError(f"{dist}: pip installed {got.get(dist)}, expected the patched {want}")
-        print(f"installed: {', '.join(f'{d} {got[d]}' for d in (core, sdk))}" + (f", {CELERY} {got[CELERY]}" if celery else ""))
+        print(
+            f"installed: {', '.join(f'{d} {got[d]}' for d in (core, sdk))}"
+            + (f", {CELERY} {got[CELERY]}" if celery else "")
+        )
         print(_run([str(python), "-m", "pip", "check"], "pip check").strip())
         for said in check_files(python, _records(out, line, got)):
             print(said)
@@ -146,7 +170,16 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
 def _reap_check(python: Path, layout: Layout, tmp: Path) -> None:
     """The series' own test of the supervisor's fix, in the installed venv (pytest pinned as the tools)."""
     _run(
-        [str(python), "-m", "pip", "install", "--quiet", "-c", str(layout.constraints / "tools.txt"), *venvs.TEST_PACKAGES],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "-c",
+            str(layout.constraints / "tools.txt"),
+            *venvs.TEST_PACKAGES,
+        ],
         "pip install pytest",
     )
     home = tmp / "airflow-home"
@@ -164,14 +197,19 @@ def _way_back(python: Path, line: pins.Line, sdk_version: str) -> None:
     """What docs/package.md tells an operator: PyPI's builds back, the pinned files in place."""
     core, sdk = pins.DISTRIBUTION, pins.SUPERVISOR.distribution
     back = [f"{sdk}==={sdk_version}", f"{core}==={line.version}"]
-    _run([str(python), "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", *back], "way back")
+    _run(
+        [str(python), "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", *back], "way back"
+    )
     got = installed_versions(python)
     for dist, want in ((core, line.version), (sdk, sdk_version)):
         if got.get(dist) != want:
             raise CheckError(f"way back: {dist} is {got.get(dist)}, expected PyPI's {want}")
     site = venvs.purelib(python)
     pin = line.supervisor_pin(sdk_version)
-    for file, expect in ((pins.EXECUTOR, line.source_sha256), (pins.SUPERVISOR, pin.source_sha256 if pin else "")):
+    for file, expect in (
+        (pins.EXECUTOR, line.source_sha256),
+        (pins.SUPERVISOR, pin.source_sha256 if pin else ""),
+    ):
         digest = hashlib.sha256((site / file.package_path).read_bytes()).hexdigest()
         if digest != expect:
             raise CheckError(f"way back: {file.package_path} sha256 {digest}, pinned upstream {expect}")
@@ -179,4 +217,42 @@ def _way_back(python: Path, line: pins.Line, sdk_version: str) -> None:
     st = overlay_install.OverlayInstaller(python).status()
     if st.state is not overlay_install.OverlayState.PRISTINE:
         raise CheckError(f"way back: overlay status {st.state.value}, expected pristine ({st.describe()})")
-    print(f"way back ({' '.join(back)}): {core} {line.version}, {sdk} {sdk_version}, the pinned upstream files")
+    print(
+        f"way back ({' '.join(back)}): {core} {line.version}, {sdk} {sdk_version}, the pinned upstream files"
+    )
+
+
+# -------------------------------------------------------------------- CLI
+
+
+def _cmd_wheels(args: argparse.Namespace) -> int:
+    try:
+        lines = [pins.get_line(name) for name in args.line] if args.line else list(pins.LINES)
+    except KeyError as e:
+        raise ToolError(str(e.args[0])) from None
+    out = args.out.resolve()
+    if args.check_install:
+        return check_install(lines, out, python=args.python)
+    for wheel in wheels.build(lines, out):
+        print(f"{DEFAULT.rel(wheel)} sha256 {fetch.sha256_file(wheel)[:16]}")
+    print(
+        f"index: {DEFAULT.rel(out / 'simple')}; install with "
+        f"`pip install --find-links {DEFAULT.rel(out)} apache-airflow-core==<release>`"
+    )
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "wheels",
+        help="rebuild Airflow's own wheels (core, task-sdk) with the series' files, per covered release",
+    )
+    p.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
+    p.add_argument("--out", type=Path, default=wheels.DEFAULT_OUT, help="default: dist/wheels/")
+    p.add_argument(
+        "--check-install",
+        action="store_true",
+        help="install the built wheels into a fresh venv as users install Airflow, and check them",
+    )
+    p.add_argument("--python", default=None, help="--check-install: the interpreter of the new venv")
+    p.set_defaults(func=_cmd_wheels)
