@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "tools.delivery.pr",
     "tools.delivery.upstream_prs",
     "tools.delivery.upstream_tests",
+    "tools.delivery.upstream_supervisor_tests",
     "tools.measure.e2e.cli",
     "tools.measure.model",
 )

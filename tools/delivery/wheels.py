@@ -237,14 +237,22 @@ def _fetch_cached(layout: Layout) -> Fetch:
 
 
 def build_line(
-    line: pins.Line, out: Path, layout: Layout = DEFAULT, fetch_wheel: Fetch | None = None
+    line: pins.Line,
+    out: Path,
+    layout: Layout = DEFAULT,
+    fetch_wheel: Fetch | None = None,
+    core: str | None = None,
 ) -> list[Path]:
-    """Rebuild every wheel of ``line`` into ``out``; returns the wheels' paths."""
+    """Rebuild every wheel of ``line`` into ``out`` (with ``core``, that core release's and its
+    task-sdk's alone); returns the wheels' paths."""
     get = fetch_wheel or _fetch_cached(layout)
     label = local_label(layout)
     epoch = int(package.source_date(layout).timestamp())
     built = []
+    wanted = {(pins.DISTRIBUTION, core), (pins.SUPERVISOR.distribution, line.core_sdk.get(core or "", ""))}
     for t in targets(line, layout):
+        if core is not None and (t.distribution, t.version) not in wanted:
+            continue
         # why: an earlier series' build of the same release would sort below, but clutter the index
         for stale in out.glob(f"{t.distribution.replace('-', '_')}-{t.version}+{LABEL}.*-*.whl"):
             stale.unlink()

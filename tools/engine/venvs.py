@@ -33,9 +33,10 @@ from tools.shared.pins import Line
 TEST_PACKAGES = ("pytest", "pytest-timeout")
 # tests/tools also rebuilds wheels with the `wheel` package (tools.delivery.wheels).
 TOOLS_TEST_PACKAGES = (*TEST_PACKAGES, "wheel")
-# What upstream's own test_local_executor.py imports beyond those (tools.delivery.upstream_tests),
-# pinned in constraints/upstream-tests-<line>.txt (`python -m tools lock --upstream-tests`).
-UPSTREAM_TEST_PACKAGES = ("kgb", "pytest-mock")
+# What upstream's own test_local_executor.py (tools.delivery.upstream_tests) and task-sdk's
+# test_supervisor.py (tools.delivery.upstream_supervisor_tests) import beyond those, pinned in
+# constraints/upstream-tests-<line>.txt (`python -m tools lock --upstream-tests --line X`).
+UPSTREAM_TEST_PACKAGES = ("kgb", "pytest-mock", "pytest-unordered", "time-machine")
 JWT_SECRET = "lepatch-tests-not-a-secret"
 # why: without it uv tries to download a managed CPython, which this network refuses slowly.
 UV_ENV = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
