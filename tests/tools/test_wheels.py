@@ -313,3 +313,19 @@ def test_overlay_status_without_the_wheels_record_is_foreign(tmp_path: Path) -> 
     st = oi.OverlayInstaller(python, out=io.StringIO()).status()
     assert st.state is oi.OverlayState.FOREIGN
     assert "without its lepatch.json" in st.describe()
+
+
+# ------------------------------------------------------------- e2e --install wheels
+
+
+def test_e2e_installs_the_wheels_for_the_full_series_only() -> None:
+    from tools.measure.e2e import cli
+    from tools.shared.errors import ToolError
+
+    assert cli.parse_options([]).install == "files"
+    o = cli.parse_options(["--install", "wheels", "--compare-stages", "0,full"])
+    assert (o.install, o.compare) == ("wheels", [0, None])
+    assert cli.parse_options(["--install", "wheels", "--executor", "celery"]).install == "wheels"
+    for extra in (["--executor", "package"], ["--supervisor", "full"], ["--stage", "3"]):
+        with pytest.raises(ToolError, match="--install wheels: the full series"):
+            cli.parse_options(["--install", "wheels", *extra])

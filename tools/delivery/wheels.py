@@ -24,8 +24,10 @@ touch the distribution's files, the source wheel's sha256, and each file's sha25
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
+import importlib.util
 import json
 import os
 import re
@@ -156,10 +158,21 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@functools.cache
+def _wheel_python() -> str:
+    """An interpreter with the `wheel` package: this one (``nox -s wheels`` installs it), else the
+    tools' venv, which has it pinned by constraints/tools.txt (``nox -s e2e`` runs without a venv)."""
+    if importlib.util.find_spec("wheel") is not None:
+        return sys.executable
+    from tools.engine import venvs
+
+    return str(venvs.ensure_tools())
+
+
 def _wheel_cli(*args: str, env: Mapping[str, str] | None = None) -> None:
-    """Run the `wheel` package's command line (its public interface) with this interpreter."""
+    """Run the `wheel` package's command line (its public interface)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "wheel", *args],
+        [_wheel_python(), "-m", "wheel", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
