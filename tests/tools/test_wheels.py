@@ -329,3 +329,27 @@ def test_e2e_installs_the_wheels_for_the_full_series_only() -> None:
     for extra in (["--executor", "package"], ["--supervisor", "full"], ["--stage", "3"]):
         with pytest.raises(ToolError, match="--install wheels: the full series"):
             cli.parse_options(["--install", "wheels", *extra])
+
+
+def test_overlay_status_reads_one_record_per_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    extra = pins.UpstreamFile(
+        "revoked_token.py", CORE, "airflow/models/revoked_token.py", "x/revoked_token.py", "x", "tests/x"
+    )
+    monkeypatch.setattr(pins, "UPSTREAM_FILES", (*pins.UPSTREAM_FILES, extra))
+    version = f"{pins.PRIMARY.version}+lepatch.19"
+    files = {EXECUTOR: b"# patched executor\n", extra.package_path: b"# patched token\n"}
+    python = fake_installed(tmp_path / "env", make_wheel(tmp_path / "w", CORE, version, files))
+    site = python.parents[1] / "lib" / PY_DIR / "site-packages"
+    rec = {
+        "series": {"patches": ["a"]},
+        "files": [{"path": p, "sha256_before": "0" * 64, "sha256_after": _hash(d)} for p, d in files.items()],
+    }
+    (site / f"apache_airflow_core-{version}.dist-info" / wheels.RECORD_NAME).write_text(json.dumps(rec))
+    st = oi.OverlayInstaller(python, out=io.StringIO()).status()
+    assert st.state is oi.OverlayState.WHEEL
+    assert st.describe().count(CORE) == 1 and "(2 file(s), 1 patch(es))" in st.describe()
+    (site / extra.package_path).write_bytes(b"# edited\n")
+    st = oi.OverlayInstaller(python, out=io.StringIO()).status()
+    assert st.state is oi.OverlayState.MODIFIED and extra.package_path in st.describe()

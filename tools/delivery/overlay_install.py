@@ -517,9 +517,12 @@ class OverlayInstaller:
     def _wheel_status(self, env: Environment, line: pins.Line | None, current: dict[str, str]) -> Status:
         """WHEEL when every file a patched wheel recorded is installed as it recorded, else MODIFIED."""
         said, changed = [], []
+        seen: set[str] = set()
         for inst in env.files:
-            if inst.version is None:
+            # why: a distribution shipping several of the series' files is one wheel, one record
+            if inst.version is None or inst.file.distribution in seen:
                 continue
+            seen.add(inst.file.distribution)
             if not wheels.is_patched(inst.version):
                 said.append(f"{inst.file.distribution} {inst.version} as published (unpatched)")
                 continue
