@@ -138,12 +138,14 @@ def run_once(
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__API_AUTH__JWT_SECRET": venvs.JWT_SECRET,
+            # as upstream's test config (unit_tests.cfg) has it: task-sdk 1.4's own parser has no default
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
             # the sdist's helpers (``task_sdk``), then the stand-ins for upstream's ``tests_common``
             "PYTHONPATH": os.pathsep.join([str(tests), str(upstream_tests.standins_dir(layout))]),
         }
     )
     env.pop(upstream_tests.START_METHOD_ENV, None)
-    args = ["-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", f"--timeout={PER_TEST_TIMEOUT}"]
+    args = ["-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", f"--timeout={PER_TEST_TIMEOUT}"]
     cmd = [str(python), *args, TEST_FILE, *extra]
     try:
         proc = subprocess.run(
