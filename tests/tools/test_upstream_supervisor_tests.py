@@ -64,12 +64,15 @@ def test_only_the_sdists_tests_tree_is_extracted(tmp_path: Path) -> None:
         ust.extract_tests(bare, tmp_path / "out2")
 
 
-def test_every_line_base_has_a_pinned_sdist_and_others_are_refused() -> None:
+def test_every_covered_release_has_a_pinned_sdist_and_others_are_refused() -> None:
     for line in pins.LINES:
-        assert line.sdk_version in pins.SDK_SDIST_SHA256
-        assert ust.line_of(line.sdk_version) is line
-    with pytest.raises(ust.SupervisorTestsError, match="not a line's base release"):
-        ust.line_of("1.3.1")
+        for version in line.sdk_versions:
+            assert version in pins.SDK_SDIST_SHA256
+            assert ust.line_of(version) is line
+    with pytest.raises(
+        ust.SupervisorTestsError, match=r"task-sdk 1\.0\.0: no line's overlay has its supervisor"
+    ):
+        ust.line_of("1.0.0")
 
 
 def test_a_test_failing_only_on_the_patched_file_is_named() -> None:

@@ -7,8 +7,10 @@ its sha256 is the one ``pins.SDK_SDIST_SHA256`` records; its ``tests/`` tree is 
 temporary directory for the run and never copied into this repository.
 
 The run uses the line's upstream-tests venv (``venvs.ensure(line, upstream_tests=True)``: the line's
-pinned core and task-sdk, plus what the test file imports, ``constraints/upstream-tests-<line>.txt``)
-with one ``supervisor.py`` in place: the pinned upstream one, then the overlay's. What Airflow's
+pinned core and task-sdk, plus what the test file imports, ``constraints/upstream-tests-<line>.txt``);
+another task-sdk release the line covers gets a venv of its own with the newest core release that
+requires it (``build/venvs/upstream-supervisor-<v>``). One ``supervisor.py`` is put in place: the
+release's own, then the overlay's for that release. What Airflow's
 ``tests_common`` gives the file is the project's stand-ins (``tests/upstream_standins/``): the
 ``conf_vars`` helper, a markers-only ``tests_common.pytest_plugin``, and an import-only
 ``SerializeValueOnlyXCom``. Upstream's plugin fixtures that need its test DAG machinery
@@ -16,6 +18,7 @@ with one ``supervisor.py`` in place: the pinned upstream one, then the overlay's
 using them error the same on both files, and are counted as such.
 
     python -m tools upstream-supervisor-tests --line 3.3          # 1.3.2: unpatched, then patched
+    python -m tools upstream-supervisor-tests --sdk 1.3.0               # another release 3.3 covers
     python -m tools upstream-supervisor-tests --line 3.3 -- -k exit
 """
 
@@ -36,6 +39,7 @@ from tools.engine import fetch, venvs
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
+from tools.shared.versions import version_key
 
 TEST_FILE = "task_sdk/execution_time/test_supervisor.py"  # under the sdist's tests/
 PER_TEST_TIMEOUT = 120
@@ -102,27 +106,46 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
 
 
 def line_of(sdk_version: str) -> pins.Line:
-    """The line whose base task-sdk is ``sdk_version`` (its venv has that release installed)."""
+    """The line whose overlay has a supervisor for task-sdk ``sdk_version``."""
     for line in pins.LINES:
-        if line.sdk_version == sdk_version:
+        if sdk_version in line.sdk_versions:
             return line
-    bases = ", ".join(line.sdk_version for line in pins.LINES if line.sdk_version)
-    raise SupervisorTestsError(
-        f"task-sdk {sdk_version}: not a line's base release; upstream's test_supervisor.py runs in the "
-        f"line's venv, whose task-sdk is the base ({bases})"
+    known = ", ".join(v for line in pins.LINES for v in line.sdk_versions)
+    raise SupervisorTestsError(f"task-sdk {sdk_version}: no line's overlay has its supervisor ({known})")
+
+
+def venv_for(line: pins.Line, sdk_version: str, layout: Layout = DEFAULT) -> Path:
+    """The line's upstream-tests venv for its base task-sdk; for another release, a venv of its own
+    (``build/venvs/upstream-supervisor-<v>``) with the newest core release requiring it, the test
+    packages pinned as for the line and the rest resolved as ``pip install apache-airflow-core==X``."""
+    if sdk_version == line.sdk_version:
+        return venvs.ensure(line, layout, upstream_tests=True)
+    core = max((c for c, s in line.core_sdk.items() if s == sdk_version), key=version_key)
+    return venvs.ensure_release(
+        layout.build / "venvs" / f"upstream-supervisor-{sdk_version}",
+        core,
+        sdk_version,
+        packages=[*venvs.TEST_PACKAGES, *venvs.UPSTREAM_TEST_PACKAGES],
+        constraints=venvs.upstream_tests_constraints(line, layout),
+        say=print,
+        layout=layout,
     )
 
 
-def supervisors(line: pins.Line, layout: Layout = DEFAULT) -> dict[str, bytes]:
-    """``unpatched``: the pinned upstream supervisor.py; ``patched``: the overlay's for the same release."""
-    pin = line.pin(pins.SUPERVISOR)
+def supervisors(line: pins.Line, sdk_version: str, layout: Layout = DEFAULT) -> dict[str, bytes]:
+    """``unpatched``: the release's own supervisor.py from its verified wheel, checked against the pin;
+    ``patched``: the overlay's for the same release."""
+    pin = line.supervisor_pin(sdk_version)
     if pin is None:
-        raise SupervisorTestsError(f"line {line.name} pins no task-sdk")
-    root = wheels.overlay_root(line, pin.file.distribution, pin.version, layout)
+        raise SupervisorTestsError(f"line {line.name} has no verified supervisor for task-sdk {sdk_version}")
+    unpatched = fetch.read_source(fetch.ensure_pin(pin, sdk_version, layout), pin.file.package_path)
+    if fetch.sha256_bytes(unpatched) != pin.source_sha256:
+        raise SupervisorTestsError(f"task-sdk {sdk_version}'s {pin.file.package_path} is not the pinned one")
+    root = wheels.overlay_root(line, pin.file.distribution, sdk_version, layout)
     patched = root / pin.file.package_path
     if not patched.is_file():
         raise SupervisorTestsError(f"{layout.rel(patched)}: no overlay; run `nox -s apply -- --write` first")
-    return {"unpatched": fetch.read_pinned(pin, layout), "patched": patched.read_bytes()}
+    return {"unpatched": unpatched, "patched": patched.read_bytes()}
 
 
 def run_once(
@@ -173,8 +196,8 @@ def run(
     """Upstream's test_supervisor.py of ``sdk_version`` on its unpatched, then its patched supervisor.py."""
     line = line_of(sdk_version)
     sdist = ensure_sdist(sdk_version, layout)
-    files = supervisors(line, layout)
-    python = venvs.ensure(line, layout, upstream_tests=True)
+    files = supervisors(line, sdk_version, layout)
+    python = venv_for(line, sdk_version, layout)
     out = {}
     with tempfile.TemporaryDirectory(prefix="lepatch-supervisor-tests-") as tmp:
         for which, data in files.items():
@@ -225,7 +248,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="run each task-sdk release's own test_supervisor.py (from its sdist) unpatched and patched",
     )
     p.add_argument("--line", action="append", help="the line's base task-sdk release (repeatable)")
-    p.add_argument("--sdk", action="append", help="a task-sdk release (a line's base) (repeatable)")
+    p.add_argument("--sdk", action="append", help="a task-sdk release the lines cover (repeatable)")
     p.add_argument("-v", "--verbose", action="store_true", help="print pytest's whole output")
     p.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments (-k, -x)")
     p.set_defaults(func=_cmd)
