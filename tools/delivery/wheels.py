@@ -85,10 +85,6 @@ class Target:
     files: dict[str, bytes]  # installed path -> the overlay's bytes
     overlay_root: Path  # where those came from
 
-    @property
-    def project(self) -> str:
-        return self.distribution
-
 
 def overlay_root(line: pins.Line, distribution: str, version: str, layout: Layout = DEFAULT) -> Path:
     """Where the overlay keeps ``distribution``'s files for ``version`` of it."""
@@ -234,7 +230,7 @@ def rebuild(
         (built,) = staging.glob("*.whl")
         out.mkdir(parents=True, exist_ok=True)
         final = out / built.name
-        os.replace(built, final) if built.stat().st_dev == out.stat().st_dev else shutil.move(built, final)
+        shutil.move(built, final)
         return final
 
 
