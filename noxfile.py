@@ -143,6 +143,14 @@ def package(session: nox.Session) -> None:
     run_tools(session, "package", *session.posargs)
 
 
+# why venv: it seeds pip, which fetches the pinned source wheels (uv's venvs have none)
+@nox.session(venv_backend="venv")
+def wheels(session: nox.Session) -> None:
+    """Airflow's core and task-sdk wheels with the series' files into dist/wheels/ (`-- --check-install`)."""
+    install(session, "wheel")
+    session.run("python", "-m", "tools", "wheels", *session.posargs, env={"PYTHONPATH": str(ROOT)})
+
+
 @nox.session(venv_backend="none")
 def backport(session: nox.Session) -> None:
     """Cherry-pick the series onto an Airflow clone's v3-*-test branches: `-- --repo ../airflow v3-3-test`."""

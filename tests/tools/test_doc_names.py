@@ -27,7 +27,17 @@ from tools.shared import pins
 from tools.shared.layout import DEFAULT, Layout
 
 # Options of other programs the docs quote (git, pip): no parser here knows them.
-FOREIGN_OPTIONS = {"--amend", "--no-edit", "--full-index", "--no-cache-dir", "--no-deps"}
+FOREIGN_OPTIONS = {
+    "--amend",
+    "--no-edit",
+    "--full-index",
+    "--no-cache-dir",
+    "--no-deps",
+    "--find-links",
+    "--extra-index-url",
+    "--force-reinstall",
+    "--require-hashes",
+}
 _PLACEHOLDER = re.compile(r"<[^<>\s]*>")
 _WHEEL = re.compile(rf"{package.WHEEL_DIST}-[\w.<>*?+-]*?\.whl")
 # A package version outside a wheel name (a quoted error message): the line's base, .post, the length.

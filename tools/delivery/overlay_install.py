@@ -15,9 +15,12 @@ directory inside the environment::
         supervisor.py.orig
 
 so ``restore`` can put the originals back exactly and ``status`` can tell whether a file
-was changed since. The record's ``state`` is written *before* the files are swapped
-(``installing``) and flipped to ``installed`` after the smoke dispatch passed: an install
-that was killed half-way is visible, and ``restore`` undoes it. ``restore --force`` over a
+was changed since. ``status`` also recognises Airflow's own wheels rebuilt with the series' files
+(``nox -s wheels``: a version ``X+lepatch.N`` and a ``lepatch.json`` in its dist-info): state
+``wheel``, each file checked against the hash the wheel recorded; ``install`` refuses there.
+The record's ``state`` is written *before* the files are swapped (``installing``) and flipped
+to ``installed`` after the smoke dispatch passed: an install that was killed half-way is
+visible, and ``restore`` undoes it. ``restore --force`` over a
 file edited since keeps that edit in ``lepatch-overlay/kept/<file>.<time>.<sha256>``.
 
 Inspecting the environment never imports Airflow: versions and file locations come from the
@@ -43,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from tools.delivery import wheels
 from tools.engine import apply, releases
 from tools.shared import pins, versions
 from tools.shared.errors import ToolError
@@ -56,7 +60,8 @@ BACKUP_NAME = "local_executor.py.orig"
 KEPT_DIR_NAME = "kept"  # why: restore --force must not lose an operator's edit of a file
 SMOKE_TIMEOUT = 180.0
 
-# Runs inside the target environment: for each (distribution, file), its version and path.
+# Runs inside the target environment: for each (distribution, file), its version and path, and the
+# record a patched wheel carries in its dist-info (tools.delivery.wheels), if any.
 _INSPECT = """
 import importlib.metadata as md, importlib.util, json, sys
 out = {"prefix": sys.prefix, "files": [], "pip": importlib.util.find_spec("pip") is not None}
@@ -64,9 +69,9 @@ for dist_name, path in %(wanted)r:
     try:
         dist = md.distribution(dist_name)
     except md.PackageNotFoundError:
-        out["files"].append([None, None])
+        out["files"].append([None, None, None])
     else:
-        out["files"].append([dist.version, str(dist.locate_file(path))])
+        out["files"].append([dist.version, str(dist.locate_file(path)), dist.read_text(%(record)r)])
 print(json.dumps(out))
 """
 
@@ -85,10 +90,11 @@ class OverlayState(enum.Enum):
     REVERTED = "reverted"  # a record exists but the files are the bases again (package reinstalled?)
     FOREIGN = "foreign"  # no record and a file is not its pinned base: patched by someone else
     UNPINNED = "unpinned"  # an installed version is not one the overlays were verified for
+    WHEEL = "wheel"  # the patched wheels (nox -s wheels) are installed, each file as they recorded
 
     @property
     def healthy(self) -> bool:
-        return self in (OverlayState.PRISTINE, OverlayState.INSTALLED)
+        return self in (OverlayState.PRISTINE, OverlayState.INSTALLED, OverlayState.WHEEL)
 
 
 @dataclass
@@ -98,6 +104,12 @@ class Installed:
     file: pins.UpstreamFile
     version: str | None  # its distribution's version; None when the distribution is missing
     target: Path
+    wheel_record: dict[str, Any] | None = None  # lepatch.json of a patched wheel (tools.delivery.wheels)
+
+    @property
+    def site(self) -> Path:
+        """The directory the distribution's files are installed under."""
+        return Path(str(self.target)[: -len(self.file.package_path)])
 
     @property
     def backup_name(self) -> str:
@@ -216,6 +228,10 @@ class Status:
             return f"none: {where} has the pinned bases again, but a stale record is left in {stale}"
         if self.state is OverlayState.FOREIGN:
             return f"unknown: {self.why} and no overlay record exists (patched by hand?)"
+        if self.state is OverlayState.WHEEL:
+            return f"patched wheels (no overlay) in {self.env.prefix}: {self.why}"
+        if self.state is OverlayState.MODIFIED:
+            return f"patched wheels in {self.env.prefix}, but {self.why}"
         return f"unsupported: {self.why}"
 
 
@@ -321,6 +337,18 @@ def _write_atomically(path: Path, data: bytes, mode_from: Path | None = None) ->
         raise
 
 
+def _wheel_record(target: Path, text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        data: dict[str, Any] = json.loads(text)
+    except ValueError as exc:
+        raise OverlayError(
+            f"{target}: its distribution's {wheels.RECORD_NAME} is unreadable ({exc})"
+        ) from exc
+    return data
+
+
 def sdk_refusal(line: pins.Line, env: Environment, version: str | None) -> str:
     """Why the installed task-sdk gets no overlay, and commands that work as written.
 
@@ -395,7 +423,7 @@ class OverlayInstaller:
         wanted = [(f.distribution, f.package_path) for f in pins.UPSTREAM_FILES]
         try:
             proc = subprocess.run(
-                [str(self.python), "-I", "-c", _INSPECT % {"wanted": wanted}],
+                [str(self.python), "-I", "-c", _INSPECT % {"wanted": wanted, "record": wheels.RECORD_NAME}],
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -407,7 +435,7 @@ class OverlayInstaller:
             raise OverlayError(f"{self.python}: inspecting the environment failed: {last}")
         data = json.loads(proc.stdout.strip().splitlines()[-1])
         files = []
-        for f, (version, located) in zip(pins.UPSTREAM_FILES, data["files"], strict=True):
+        for f, (version, located, wheel_text) in zip(pins.UPSTREAM_FILES, data["files"], strict=True):
             if version is None and f is pins.EXECUTOR:
                 raise OverlayError(f"{self.python}: {f.distribution} is not installed in {data['prefix']}")
             target = Path(located).resolve() if located else Path(data["prefix"]) / f.package_path
@@ -417,7 +445,8 @@ class OverlayInstaller:
                 raise OverlayError(
                     f"{target}: {f.distribution} {version} is installed but this file is missing"
                 )
-            files.append(Installed(f, version, target))
+            record = _wheel_record(target, wheel_text) if wheels.is_patched(version) else None
+            files.append(Installed(f, version, target, record))
         return Environment(self.python, Path(data["prefix"]), files, bool(data.get("pip", True)))
 
     def overlay_path(
@@ -455,9 +484,11 @@ class OverlayInstaller:
         record_path = env.state_dir / RECORD_NAME
         record = OverlayRecord.load(record_path) if record_path.exists() else None
         try:
-            line: pins.Line | None = pins.get_line(env.version)
+            line: pins.Line | None = pins.get_line(wheels.split_local(env.version)[0])
         except KeyError:
             line = None
+        if record is None and any(wheels.is_patched(f.version) for f in env.files):
+            return self._wheel_status(env, line, current)
         if record is not None:
             changed = [f.file for f in record.files if current.get(f.file) != f.overlay_sha256]
             if record.state == OverlayState.INSTALLING.value:
@@ -492,11 +523,49 @@ class OverlayInstaller:
                 return Status(OverlayState.FOREIGN, env, line, None, current, why)
         return Status(OverlayState.PRISTINE, env, line, None, current)
 
+    def _wheel_status(self, env: Environment, line: pins.Line | None, current: dict[str, str]) -> Status:
+        """WHEEL when every file a patched wheel recorded is installed as it recorded, else MODIFIED."""
+        said, changed = [], []
+        seen: set[str] = set()
+        for inst in env.files:
+            # why: a distribution shipping several of the series' files is one wheel, one record
+            if inst.version is None or inst.file.distribution in seen:
+                continue
+            seen.add(inst.file.distribution)
+            if not wheels.is_patched(inst.version):
+                said.append(f"{inst.file.distribution} {inst.version} as published (unpatched)")
+                continue
+            rec = inst.wheel_record or {}
+            files = rec.get("files", [])
+            for entry in files:
+                path = inst.site / entry["path"]
+                got = sha256(path.read_bytes()) if path.is_file() else "missing"
+                if got != entry["sha256_after"]:
+                    changed.append(
+                        f"{path} (sha256 {got[:12]}, the wheel installed {entry['sha256_after'][:12]})"
+                    )
+            patches = len(rec.get("series", {}).get("patches", []))
+            said.append(
+                f"{inst.file.distribution} {inst.version} ({len(files)} file(s), {patches} patch(es))"
+            )
+        if not any(inst.wheel_record for inst in env.files):
+            why = "a +lepatch version without its lepatch.json record (not built by `nox -s wheels`?)"
+            return Status(OverlayState.FOREIGN, env, line, None, current, why)
+        if changed:
+            why = "a patched wheel's file changed since it was installed: " + ", ".join(changed)
+            return Status(OverlayState.MODIFIED, env, line, None, current, why)
+        return Status(OverlayState.WHEEL, env, line, None, current, "; ".join(said) + "; unchanged since")
+
     # ---------------------------------------------------------------- install
 
     def install(self) -> Status:
         env = self.inspect()
         st = self.status(env)
+        if st.state is OverlayState.WHEEL or (st.record is None and st.state is OverlayState.MODIFIED):
+            raise OverlayError(
+                f"{env.prefix}: {st.describe()}; the patched wheels carry the series already "
+                "(docs/package.md says how to go back to PyPI's build); refusing, nothing changed"
+            )
         if st.state is OverlayState.UNPINNED or st.line is None:
             raise OverlayError(st.why)
         line = st.line

@@ -25,7 +25,7 @@ from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 
-TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv")
+TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv", "wheel")
 COMPILE = ("pip", "compile", "-", "--universal", "--quiet")
 
 
@@ -133,6 +133,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument(
         "--upstream-tests",
         action="store_true",
-        help="only constraints/upstream-tests-3.4.txt (what upstream's test_local_executor.py imports)",
+        help="only constraints/upstream-tests-<line>.txt (what upstream's test files import; default 3.4)",
     )
     p.set_defaults(func=_cmd_lock)

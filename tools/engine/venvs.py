@@ -31,9 +31,12 @@ from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
 
 TEST_PACKAGES = ("pytest", "pytest-timeout")
-# What upstream's own test_local_executor.py imports beyond those (tools.delivery.upstream_tests),
-# pinned in constraints/upstream-tests-<line>.txt (`python -m tools lock --upstream-tests`).
-UPSTREAM_TEST_PACKAGES = ("kgb", "pytest-mock")
+# tests/tools also rebuilds wheels with the `wheel` package (tools.delivery.wheels).
+TOOLS_TEST_PACKAGES = (*TEST_PACKAGES, "wheel")
+# What upstream's own test_local_executor.py (tools.delivery.upstream_tests) and task-sdk's
+# test_supervisor.py (tools.delivery.upstream_supervisor_tests) import beyond those, pinned in
+# constraints/upstream-tests-<line>.txt (`python -m tools lock --upstream-tests --line X`).
+UPSTREAM_TEST_PACKAGES = ("kgb", "pytest-mock", "pytest-unordered", "time-machine")
 JWT_SECRET = "lepatch-tests-not-a-secret"
 # why: without it uv tries to download a managed CPython, which this network refuses slowly.
 UV_ENV = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
@@ -270,7 +273,7 @@ def ensure_release(
 
 
 def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:
-    """A venv with only pytest and pytest-timeout (tests/tools needs no Airflow), and every pinned
+    """A venv with only pytest, pytest-timeout and wheel (tests/tools needs no Airflow), and every pinned
     wheel in the cache: the tests read the bases from them, and this venv has no pip to fetch one."""
     fetch.ensure_every_pin(layout)
     python = python or sys.executable
@@ -278,9 +281,9 @@ def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:
     stamp = {
         "python": _python_identity(python),
         "constraints_sha256": _file_digest(constraints),
-        "packages": list(TEST_PACKAGES),
+        "packages": list(TOOLS_TEST_PACKAGES),
     }
-    return _make(layout.build / "venvs" / "tools", python, list(TEST_PACKAGES), constraints, stamp)
+    return _make(layout.build / "venvs" / "tools", python, list(TOOLS_TEST_PACKAGES), constraints, stamp)
 
 
 def purelib(python: Path | str) -> Path:

@@ -275,6 +275,23 @@ LINES: tuple[Line, ...] = (
 
 PRIMARY = LINES[0]
 
+# The source distribution of task-sdk releases the lines pin, by version -> its sha256 as PyPI
+# publishes it: each carries upstream's own tests/task_sdk/execution_time/test_supervisor.py for that
+# release, run on the patched and unpatched supervisor.py (tools.delivery.upstream_supervisor_tests).
+SDK_SDIST_SHA256: dict[str, str] = {
+    "1.1.5": "4a4d31c07f3b7c51374f74635d70e1f2ffb25f116dc50f1310533ee3c63258d8",
+    "1.1.6": "731e7931d18de3f53438eac36e93b43a06e126ec675b0c13d727a8b75892eb5a",
+    "1.1.7": "658815d5d93c8b3e04432c50d31bcec382f4637466ea558bc13e97907c725bc5",
+    "1.1.8": "d9b6027906a0e179c7ddc550c13717663785460a539b933741f22c47d10f4930",
+    "1.2.0": "d2c4d173388f751e1d900a3f5e67fea3518822b63dd20b60a1bdbf92cdf96e8c",
+    "1.2.1": "ac9400cb477473a9d9eb6a5b50d2979fd1b0b50f96c6d29b4d0e924defc6179c",
+    "1.2.2": "3c8b3c4c86fe97dad5779004218c351cfd85f3dfc5a3f68b86127f266f9b286a",
+    "1.3.0": "13d432b829f958f09bf8dfb20085870886fe60d2646958bde1befa9b018d0406",
+    "1.3.1": "21c1086c133ede94defde2b455541cadadf564f7e6d189d1af22c6ef186bb6e3",
+    "1.3.2": "d9a1c7785684a215df3927b028a44b2b6927dacebd54c0d281b5906febc3efef",
+    "1.4.0b2": "9a887b82d50989f5edb955f3443460510b717a9481fc35d26950ba9ad8b4aab6",
+}
+
 
 def get_line(name: str) -> Line:
     """Find a line by its name ("3.3") or by any version it covers ("3.3.1")."""

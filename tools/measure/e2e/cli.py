@@ -24,6 +24,7 @@ from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT as LAYOUT
 
 EXECUTORS = ("overlay", "package", "celery")
+INSTALLS = ("files", "wheels")
 # What --executor celery can run: the LocalExecutor's kill scenarios have no Celery counterpart.
 CELERY_SCENARIOS = ("throughput",)
 
@@ -153,6 +154,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ),
     )
     p.add_argument(
+        "--install",
+        choices=INSTALLS,
+        default="files",
+        help=(
+            "how the full series gets in (overlay or celery executor): files (default), the overlay's "
+            "files in place of Airflow's; wheels, Airflow's own core and task-sdk wheels rebuilt with "
+            "them (nox -s wheels, X+lepatch.N) installed over the release. Stage 0 stays the release"
+        ),
+    )
+    p.add_argument(
         "--celery-reap-sigchld",
         action="store_true",
         help=(
@@ -215,6 +226,16 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ToolError(
             "--executor package runs the full series' wheel: no --stage, --compare-stages or --supervisor"
         )
+    if args.install == "wheels" and (
+        args.executor == "package"
+        or args.supervisor is not None
+        or any(s not in (None, 0) for s in compare)
+        or args.stage not in (None, 0)
+    ):
+        raise ToolError(
+            "--install wheels: the full series (and stage 0 beside it) with --executor overlay or celery; "
+            "no --supervisor, no other stage"
+        )
     if args.rounds < 1 or (args.rounds > 1 and not compare):
         raise ToolError("--rounds must be at least 1, and more than 1 only with --compare-stages")
     core = core_release(line, args, compare)
@@ -244,6 +265,7 @@ def options_from(args: argparse.Namespace) -> Options:
         airflow_env=parse_env(args.airflow_env),
         supervisor=parse_supervisor(args.supervisor),
         executor=args.executor,
+        install=args.install,
         reap_sigchld=args.celery_reap_sigchld,
         db_pool=None if args.db_pool is None else parse_db_pool(args.db_pool),
         ui_poll=args.ui_poll,

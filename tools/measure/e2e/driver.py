@@ -374,6 +374,9 @@ class Options:
     # --executor: "overlay" (the files above, in place of Airflow's) or "package" (the line's wheel of
     # tools.delivery.package pip-installed, chosen by [core] executor; Airflow's files stay the bases).
     executor: str = "overlay"
+    # --install: how the full series gets in with the overlay or celery executor: "files" (the overlay's
+    # files in place) or "wheels" (Airflow's own wheels rebuilt with them, tools.delivery.wheels).
+    install: str = "files"
     # --celery-reap-sigchld: each Celery pool child reaps its children from a SIGCHLD handler (#70117).
     reap_sigchld: bool = False
     # --core: the apache-airflow-core release the venv gets, one the line covers ("": its pinned version).
@@ -1425,6 +1428,9 @@ def _stage_session(
             f"uv pip install beside apache-airflow-core {opts.release} and task-sdk {opts.task_sdk} "
             "(Airflow's files checked: as released)"
         )
+    elif opts.install == "wheels" and opts.stage is None:
+        source = venv.install_wheels(opts.out / "wheels")
+        how = f"uv pip install --no-deps of the patched wheels ({source.origin})"
     elif opts.executor == "celery":
         source = venv.install_supervisor(fixed=opts.stage is None)
         how = source.origin if opts.stage is None else "pinned bases (restored)"

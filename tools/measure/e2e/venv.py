@@ -32,6 +32,11 @@ and each installed file's sha256 is checked against the intended source afterwar
 ``<out>/dist``) into the venv with pinned bases instead, as an operator would (``uv pip install``
 of the wheel; the stack sets ``AIRFLOW__CORE__EXECUTOR`` to its class), and checks that Airflow's own
 files are still the bases byte for byte. Undoing it is ``uv pip uninstall``.
+
+``--install wheels`` puts the full series in as Airflow's own core and task-sdk wheels rebuilt with
+the series' files (:mod:`tools.delivery.wheels`, ``X+lepatch.N``, built into ``<out>/wheels``):
+``uv pip install --no-deps`` of the release's two wheels, then each file checked against the overlay.
+Undoing it reinstalls the pinned wheels from the cache.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tools.delivery import overlay_install, package
+from tools.delivery import overlay_install, package, wheels
 from tools.delivery.overlay_install import OverlayError, OverlayInstaller, OverlayState
 from tools.engine import apply, fetch, venvs
 from tools.measure.e2e import lock
@@ -314,6 +319,42 @@ class AirflowVenv:
             sources=bases,
         )
 
+    def patched_wheels(self) -> dict[str, str]:
+        """The rebuilt Airflow wheels (``nox -s wheels``) installed in the venv: distribution -> version."""
+        out = venvs.run_uv("pip", "list", "--format", "json", "--python", str(self.python))
+        return {
+            d["name"]: d["version"] for d in json.loads(out or "[]") if wheels.is_patched(d.get("version"))
+        }
+
+    def install_wheels(self, dist: Path) -> ExecutorSource:
+        """The release's own files, then its core and task-sdk wheels rebuilt with the series' files
+        (``dist``) installed over them, as an image built from a private index would have them."""
+        self._back_to_base()
+        built = wheels.build_line(self.line, dist, core=self.core)
+        venvs.run_uv("pip", "install", "--quiet", "--no-deps", "--python", str(self.python), *map(str, built))
+        found = self.patched_wheels()
+        if set(found) != {pins.DISTRIBUTION, pins.SUPERVISOR.distribution}:
+            raise ToolError(f"{LAYOUT.rel(self.path)}: after installing the patched wheels it has {found}")
+        want = self.sources(None)
+        self._check_bases(want, "after installing the patched wheels (expected the overlay's file)")
+        return ExecutorSource(
+            label="patched wheels " + ", ".join(f"{d} {v}" for d, v in sorted(found.items())),
+            stage=None,
+            data=want[pins.PACKAGE_PATH],
+            origin=LAYOUT.rel(dist),
+            sources=want,
+        )
+
+    def uninstall_wheels(self) -> None:
+        """PyPI's core and task-sdk back (the pinned wheels from the cache) over patched ones."""
+        if not self.patched_wheels():
+            return
+        core_pin, sdk_pin = venvs.release_pins(self.core, self.sdk)
+        pinned = [fetch.ensure_pin(core_pin, self.core), fetch.ensure_pin(sdk_pin, self.sdk)]
+        venvs.run_uv(
+            "pip", "install", "--quiet", "--no-deps", "--python", str(self.python), *map(str, pinned)
+        )
+
     def uninstall_package(self) -> None:
         if self.package_installed() is not None:
             venvs.run_uv("pip", "uninstall", "--quiet", "--python", str(self.python), package.DIST_NAME)
@@ -327,6 +368,7 @@ class AirflowVenv:
     def _back_to_base(self) -> dict[str, bytes]:
         """Undo any earlier install (the package, the overlay installer's restore, a stage copied in)."""
         self.uninstall_package()
+        self.uninstall_wheels()
         bases = self.sources(0)
         installer = OverlayInstaller(self.python, out=io.StringIO())
         st = installer.status()

@@ -11,27 +11,40 @@ def _env_name(section: str, key: str) -> str:
     return f"AIRFLOW__{section.upper()}__{key.upper()}"
 
 
+def _confs() -> list[object]:
+    """Every config object Airflow reads: core's, and task-sdk's own where it has one (task-sdk 1.2+
+    reads ``airflow.sdk.configuration.conf``, a separate parser)."""
+    from airflow.configuration import conf
+
+    out: list[object] = [conf]
+    try:
+        from airflow.sdk.configuration import conf as sdk_conf
+    except ImportError:
+        return out
+    if sdk_conf is not conf:
+        out.append(sdk_conf)
+    return out
+
+
 @contextlib.contextmanager
 def conf_vars(overrides: Mapping[tuple[str, str], str | None]) -> Iterator[None]:
     """Set each ``(section, key)`` to its value (``None``: unset it) in Airflow's config, then put
     back what was there. An environment variable for the option is hidden meanwhile, since it
     would win over the config."""
-    from airflow.configuration import conf
-
-    saved: dict[tuple[str, str], str | None] = {}
+    saved: list[tuple[object, tuple[str, str], str | None]] = []
     saved_env: dict[str, str] = {}
     for (section, key), value in overrides.items():
         name = _env_name(section, key)
         if name in os.environ:
             saved_env[name] = os.environ.pop(name)
-        saved[(section, key)] = (
-            conf.get(section, key) if conf.has_section(section) and conf.has_option(section, key) else None
-        )
-        _set(conf, section, key, value)
+        for conf in _confs():
+            had = conf.has_section(section) and conf.has_option(section, key)  # type: ignore[attr-defined]
+            saved.append((conf, (section, key), conf.get(section, key) if had else None))  # type: ignore[attr-defined]
+            _set(conf, section, key, value)
     try:
         yield
     finally:
-        for (section, key), value in saved.items():
+        for conf, (section, key), value in reversed(saved):
             _set(conf, section, key, value)
         os.environ.update(saved_env)
 

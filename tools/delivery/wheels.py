@@ -1,0 +1,329 @@
+"""``nox -s wheels``: Airflow's own wheels from PyPI with the series' files in place, per covered release.
+
+Every core release a line covers (the base and its ``covers``) and the task-sdk release it pins
+exactly (``Line.core_sdk``) gets a rebuilt wheel of the same name and version plus a local label,
+``apache_airflow_core-3.3.2+lepatch.<N>`` and ``apache_airflow_task_sdk-1.3.2+lepatch.<N>``. Core's
+``Requires-Dist: apache-airflow-task-sdk==1.3.2`` is left alone: PEP 440's ``==`` without a local
+label matches ``1.3.2+lepatch.<N>`` and installers prefer the local build, so an unchanged
+``pip install apache-airflow-core==3.3.2`` with the output folder as ``--find-links`` (or the
+``simple/`` index beside it as an extra index) installs both patched wheels.
+
+Each source wheel is the sha256-checked one of ``tools/shared/pins.py`` (``tools.engine.fetch``),
+and each replaced file is what the overlay tree holds for that distribution and release: a core
+file at ``airflow_overlay/<line>/<path>``, a task-sdk file at the same place for the releases the
+line's base supervisor covers and under ``airflow_overlay/<line>/task-sdk-<v>/`` for the others.
+Whatever upstream file ``pins.UPSTREAM_FILES`` names and the overlay carries goes in; nothing here
+lists files. The `wheel` package unpacks (checking the source RECORD), repacks and rewrites RECORD;
+``SOURCE_DATE_EPOCH`` (the newest patch's date, as ``nox -s package``) fixes every timestamp and
+it writes entries sorted, so the same checkout builds the same bytes.
+
+``<N>`` is ``nox -s package``'s post-release number (the series length plus the re-cut offset), so a
+later series sorts higher. Each dist-info carries ``lepatch.json``: the series, the patches that
+touch the distribution's files, the source wheel's sha256, and each file's sha256 before and after.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import html
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tools.delivery import package
+from tools.engine import apply, fetch, series
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import DEFAULT, Layout
+from tools.shared.versions import version_key
+
+LABEL = "lepatch"
+RECORD_NAME = "lepatch.json"  # inside each rebuilt wheel's .dist-info
+SCHEMA = 1
+DEFAULT_OUT = DEFAULT.root / "dist" / "wheels"
+GENERATOR = "lepatch tools/delivery/wheels.py"
+
+
+class WheelsError(ToolError):
+    """A wheel cannot be rebuilt as derived; one line naming the release and path at fault."""
+
+
+def local_label(layout: Layout = DEFAULT) -> str:
+    """``lepatch.<N>``: the same number as the provider package's ``.post<N>``."""
+    return f"{LABEL}.{package.series_length(layout)}"
+
+
+def split_local(version: str) -> tuple[str, str]:
+    """``"1.3.2+lepatch.19"`` -> ``("1.3.2", "lepatch.19")``; no label -> ``(version, "")``."""
+    public, _, local = version.partition("+")
+    return public, local
+
+
+def is_patched(version: str | None) -> bool:
+    """Whether an installed distribution's version is one of these rebuilt wheels."""
+    return bool(version) and split_local(version or "")[1].startswith(f"{LABEL}.")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One wheel to rebuild: an upstream release and the files that replace its own."""
+
+    line: str
+    distribution: str
+    version: str
+    wheel_sha256: str  # of the source wheel on PyPI, as pinned
+    files: dict[str, bytes]  # installed path -> the overlay's bytes
+    overlay_root: Path  # where those came from
+
+
+def overlay_root(line: pins.Line, distribution: str, version: str, layout: Layout = DEFAULT) -> Path:
+    """Where the overlay keeps ``distribution``'s files for ``version`` of it."""
+    root = layout.overlay / line.name
+    if distribution == pins.SUPERVISOR.distribution:
+        pin = line.supervisor_pin(version)
+        if pin is None:
+            raise WheelsError(
+                f"{distribution} {version}: line {line.name} has no verified supervisor for it "
+                f"(verified: {', '.join(line.sdk_versions) or 'none'})"
+            )
+        if pin != line.pin(pins.SUPERVISOR):
+            return root / apply.sdk_release_dir(version)
+    return root
+
+
+def overlay_files(root: Path, distribution: str) -> dict[str, bytes]:
+    """The overlay's files under ``root`` that ``distribution`` ships, by installed path."""
+    return {
+        f.package_path: (root / f.package_path).read_bytes()
+        for f in pins.UPSTREAM_FILES
+        if f.distribution == distribution and (root / f.package_path).is_file()
+    }
+
+
+def _core_wheel_sha256(line: pins.Line, version: str) -> str:
+    return line.wheel_sha256 if version == line.version else line.covers[version]
+
+
+def _sdk_wheel_sha256(line: pins.Line, version: str) -> str:
+    pin = line.supervisor_pin(version)
+    assert pin is not None  # overlay_root refused it otherwise
+    return pin.wheel_sha256 if version == pin.version else pin.covers[version]
+
+
+def targets(line: pins.Line, layout: Layout = DEFAULT) -> list[Target]:
+    """Every wheel the line's overlay rebuilds: each covered core release, each task-sdk it pins."""
+    out: list[Target] = []
+    core = pins.DISTRIBUTION
+    sdk = pins.SUPERVISOR.distribution
+    core_versions = sorted({line.version, *line.covers}, key=version_key)
+    for version in core_versions:
+        root = overlay_root(line, core, version, layout)
+        files = overlay_files(root, core)
+        if files:
+            out.append(Target(line.name, core, version, _core_wheel_sha256(line, version), files, root))
+    for version in sorted({line.core_sdk[v] for v in core_versions if v in line.core_sdk}, key=version_key):
+        root = overlay_root(line, sdk, version, layout)
+        files = overlay_files(root, sdk)
+        if files:
+            out.append(Target(line.name, sdk, version, _sdk_wheel_sha256(line, version), files, root))
+    if not out:
+        raise WheelsError(
+            f"{layout.rel(layout.overlay / line.name)}: no overlay files for line {line.name}; "
+            "run `nox -s apply -- --write` first"
+        )
+    return out
+
+
+def patches_touching(distribution: str, layout: Layout = DEFAULT) -> list[str]:
+    """The series' patches that change a file ``distribution`` ships, in series order."""
+    paths = {f.repo_path for f in pins.UPSTREAM_FILES if f.distribution == distribution}
+    return [p.name for p in series.load_series(layout).ordered() if paths & set(p.touched)]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@functools.cache
+def _wheel_python() -> str:
+    """An interpreter with the `wheel` package: this one (``nox -s wheels`` installs it), else the
+    tools' venv, which has it pinned by constraints/tools.txt (``nox -s e2e`` runs without a venv)."""
+    if importlib.util.find_spec("wheel") is not None:
+        return sys.executable
+    from tools.engine import venvs
+
+    return str(venvs.ensure_tools())
+
+
+def _wheel_cli(*args: str, env: Mapping[str, str] | None = None) -> None:
+    """Run the `wheel` package's command line (its public interface)."""
+    proc = subprocess.run(
+        [_wheel_python(), "-m", "wheel", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
+        if "No module named wheel" in last:
+            last += " (run `nox -s wheels`, which installs it pinned by constraints/tools.txt)"
+        raise WheelsError(f"`wheel {args[0]}` failed: {last}")
+
+
+def rebuild(
+    source: Path,
+    replacements: Mapping[str, bytes],
+    label: str,
+    out: Path,
+    provenance: Mapping[str, object],
+    epoch: int,
+) -> Path:
+    """Rebuild ``source`` with ``replacements`` in place and ``+label`` on its version, into ``out``.
+
+    Every replaced path must exist in the source wheel. Returns the new wheel's path.
+    """
+    with tempfile.TemporaryDirectory(prefix="lepatch-wheel-") as tmp:
+        work = Path(tmp)
+        _wheel_cli("unpack", str(source), "--dest", str(work))
+        (unpacked,) = [p for p in work.iterdir() if p.is_dir()]
+        files = []
+        for rel, data in sorted(replacements.items()):
+            target = unpacked / rel
+            if not target.is_file():
+                raise WheelsError(f"{source.name} has no {rel}: the overlay does not fit this release")
+            before = target.read_bytes()
+            target.write_bytes(data)  # why: writing through keeps the mode the wheel gave it
+            files.append({"path": rel, "sha256_before": _sha256(before), "sha256_after": _sha256(data)})
+        (dist_info,) = unpacked.glob("*.dist-info")
+        record = {
+            "schema": SCHEMA,
+            "generator": GENERATOR,
+            **provenance,
+            "source_wheel": {"name": source.name, "sha256": _sha256(source.read_bytes())},
+            "files": files,
+        }
+        meta = dist_info / RECORD_NAME
+        meta.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        meta.chmod(0o644)
+        staging = work / "out"
+        staging.mkdir()
+        _wheel_cli(
+            "pack",
+            str(unpacked),
+            "--dest-dir",
+            str(staging),
+            "--local-version",
+            label,
+            env={"SOURCE_DATE_EPOCH": str(epoch)},
+        )
+        (built,) = staging.glob("*.whl")
+        out.mkdir(parents=True, exist_ok=True)
+        final = out / built.name
+        shutil.move(built, final)
+        return final
+
+
+# Fetches the verified source wheel of (distribution, version, sha256); the cache by default.
+Fetch = Callable[[str, str, str], Path]
+
+
+def _fetch_cached(layout: Layout) -> Fetch:
+    def get(distribution: str, version: str, sha256: str) -> Path:
+        return fetch.ensure_verified(version, sha256, layout, distribution=distribution)
+
+    return get
+
+
+def build_line(
+    line: pins.Line,
+    out: Path,
+    layout: Layout = DEFAULT,
+    fetch_wheel: Fetch | None = None,
+    core: str | None = None,
+) -> list[Path]:
+    """Rebuild every wheel of ``line`` into ``out`` (with ``core``, that core release's and its
+    task-sdk's alone); returns the wheels' paths."""
+    get = fetch_wheel or _fetch_cached(layout)
+    label = local_label(layout)
+    epoch = int(package.source_date(layout).timestamp())
+    built = []
+    wanted = {(pins.DISTRIBUTION, core), (pins.SUPERVISOR.distribution, line.core_sdk.get(core or "", ""))}
+    for t in targets(line, layout):
+        if core is not None and (t.distribution, t.version) not in wanted:
+            continue
+        # why: an earlier series' build of the same release would sort below, but clutter the index
+        for stale in out.glob(f"{t.distribution.replace('-', '_')}-{t.version}+{LABEL}.*-*.whl"):
+            stale.unlink()
+        source = get(t.distribution, t.version, t.wheel_sha256)
+        provenance = {
+            "series": {"label": label, "patches": patches_touching(t.distribution, layout)},
+            "line": line.name,
+            "distribution": t.distribution,
+            "upstream_version": t.version,
+            "overlay": layout.rel(t.overlay_root),
+        }
+        built.append(rebuild(source, t.files, label, out, provenance, epoch))
+    return built
+
+
+def _project(wheel_name: str) -> str:
+    """PEP 503's normalized project name of a wheel file name."""
+    return re.sub(r"[-_.]+", "-", wheel_name.split("-", 1)[0]).lower()
+
+
+def _page(title: str, body: str) -> str:
+    return f"<!DOCTYPE html>\n<html><head><title>{title}</title></head><body>\n{body}</body></html>\n"
+
+
+def write_index(out: Path) -> Path:
+    """``out/simple/``: a PEP 503 index of the wheels in ``out`` (links back to them, with sha256)."""
+    simple = out / "simple"
+    by_project: dict[str, list[Path]] = {}
+    for wheel in sorted(out.glob("*.whl")):
+        by_project.setdefault(_project(wheel.name), []).append(wheel)
+    if simple.exists():
+        shutil.rmtree(simple)
+    simple.mkdir(parents=True)
+    rows = []
+    for project, wheels in sorted(by_project.items()):
+        (simple / project).mkdir()
+        links = "".join(
+            f'<a href="../../{html.escape(w.name)}#sha256={fetch.sha256_file(w)}">'
+            f"{html.escape(w.name)}</a><br>\n"
+            for w in wheels
+        )
+        (simple / project / "index.html").write_text(_page(f"Links for {project}", links))
+        rows.append(f'<a href="{project}/">{project}</a><br>\n')
+    (simple / "index.html").write_text(_page("Simple index", "".join(rows)))
+    return simple
+
+
+def read_record(wheel: Path) -> dict[str, Any]:
+    """The ``lepatch.json`` a rebuilt wheel carries."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        name = next((n for n in zf.namelist() if n.endswith(f".dist-info/{RECORD_NAME}")), None)
+        if name is None:
+            raise WheelsError(f"{wheel.name}: no {RECORD_NAME} (not a wheel this tool rebuilt)")
+        data: dict[str, Any] = json.loads(zf.read(name))
+        return data
+
+
+def build(lines: list[pins.Line], out: Path, layout: Layout = DEFAULT) -> list[Path]:
+    """Rebuild every line's wheels into ``out`` (an earlier build of a release replaced) and index them."""
+    out.mkdir(parents=True, exist_ok=True)
+    built = [w for line in lines for w in build_line(line, out, layout)]
+    write_index(out)
+    return built

@@ -1,0 +1,258 @@
+"""``nox -s wheels``: build the patched wheels (tools.delivery.wheels), or with ``--check-install --line 3.3``
+install them as users install Airflow and check the result.
+
+In a fresh venv (``python -m venv``, its own pip), one unchanged command an operator types, with the
+built folder as ``--find-links`` and the line's constraints as Airflow publishes them::
+
+    pip install --find-links dist/wheels -c constraints/e2e-celery-3.3.txt \\
+        apache-airflow-core==3.3.2 apache-airflow-providers-celery==<its pin>
+
+then checks, each failure one line naming what is wrong: both distributions carry the local label,
+``pip check`` is clean, every file each wheel's ``lepatch.json`` records is installed with the
+hash it records (the supervisor is the overlay's), ``overlay status`` reports the wheels,
+the installed supervisor reaps a task process that closed its sockets within a second (the series'
+own test of it, tests/supervisor/, run in that venv), and the way back to PyPI's build
+(``pip install --force-reinstall --no-deps 'apache-airflow-task-sdk===1.3.2'`` and the same for
+core) leaves the pinned upstream files and a clean ``pip check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tools.delivery import overlay_install, wheels
+from tools.engine import fetch, venvs
+from tools.shared import pins
+from tools.shared.errors import ToolError
+from tools.shared.layout import DEFAULT, Layout
+
+CELERY = "apache-airflow-providers-celery"
+INSTALL_TIMEOUT = 1200.0
+REAP_TESTS = "tests/supervisor/test_supervisor_exit_wait.py"
+
+
+class CheckError(ToolError):
+    """One check of the installed wheels failed; the message names it."""
+
+
+def constraints_for(line: pins.Line, layout: Layout = DEFAULT) -> tuple[Path, str | None]:
+    """The constraints to install with, and the Celery provider's pin in them (None: core alone)."""
+    celery = layout.constraints / f"e2e-celery-{line.name}.txt"
+    if celery.is_file():
+        m = re.search(rf"^{re.escape(CELERY)}==(\S+)\s*$", celery.read_text(), re.M)
+        if m:
+            return celery, m.group(1)
+    return layout.constraints / f"{line.name}.txt", None
+
+
+def _run(
+    cmd: list[str],
+    what: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = INSTALL_TIMEOUT,
+) -> str:
+    print("$ " + " ".join(cmd), flush=True)
+    full = dict(env or os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_REQUIRE_VIRTUALENV="0")
+    full.pop("PIP_CONSTRAINT", None)  # why: only the line's constraints decide, as for an operator
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=full, cwd=cwd, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise CheckError(f"{what}: no result within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise CheckError(f"{what}: exited {proc.returncode}\n{tail}")
+    return proc.stdout
+
+
+def installed_versions(python: Path) -> dict[str, str]:
+    out = _run([str(python), "-m", "pip", "list", "--format", "json"], "pip list")
+    return {row["name"].lower(): row["version"] for row in json.loads(out)}
+
+
+def check_files(python: Path, wheel_records: dict[str, dict[str, Any]]) -> list[str]:
+    """Every file each wheel recorded, as installed: one line per file, raising on the first mismatch."""
+    site = venvs.purelib(python)
+    said = []
+    for dist, rec in sorted(wheel_records.items()):
+        for entry in rec["files"]:
+            path = site / entry["path"]
+            got = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+            if got != entry["sha256_after"]:
+                raise CheckError(f"{path}: sha256 {got}, {dist}'s wheel recorded {entry['sha256_after']}")
+            was = entry["sha256_before"][:16]
+            said.append(f"{dist}: {entry['path']} sha256 {got[:16]} (the overlay's; upstream's {was})")
+    return said
+
+
+def _records(out: Path, line: pins.Line, versions: dict[str, str]) -> dict[str, dict[str, Any]]:
+    recs = {}
+    for dist in (pins.DISTRIBUTION, pins.SUPERVISOR.distribution):
+        version = versions.get(dist)
+        if version is None:
+            continue
+        wheel = out / f"{dist.replace('-', '_')}-{version}-py3-none-any.whl"
+        if wheel.is_file():
+            recs[dist] = wheels.read_record(wheel)
+    return recs
+
+
+def check_install(
+    lines: list[pins.Line], out: Path, python: str | None = None, layout: Layout = DEFAULT
+) -> int:
+    for line in lines:
+        check_line(line, out, python or sys.executable, layout)
+    return 0
+
+
+def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DEFAULT) -> None:
+    label = wheels.local_label(layout)
+    core, sdk = pins.DISTRIBUTION, pins.SUPERVISOR.distribution
+    sdk_version = line.core_sdk[line.version]
+    expected = {core: f"{line.version}+{label}", sdk: f"{sdk_version}+{label}"}
+    missing = [
+        v for d, v in expected.items() if not (out / f"{d.replace('-', '_')}-{v}-py3-none-any.whl").is_file()
+    ]
+    if missing:
+        print(f"building the {line.name} wheels into {layout.rel(out)} (missing: {', '.join(missing)})")
+        wheels.build([line], out, layout)
+    constraints, celery = constraints_for(line, layout)
+    reqs = [f"{core}=={line.version}", *([f"{CELERY}=={celery}"] if celery else [])]
+    with tempfile.TemporaryDirectory(prefix="lepatch-wheels-check-") as tmp:
+        venv = Path(tmp) / "venv"
+        _run([base_python, "-m", "venv", str(venv)], "python -m venv")
+        python = venv / "bin" / "python"
+        _run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--find-links",
+                str(out),
+                "-c",
+                str(constraints),
+                *reqs,
+            ],
+            "pip install",
+        )
+        got = installed_versions(python)
+        for dist, want in expected.items():
+            if got.get(dist) != want:
+                raise CheckError(f"{dist}: pip installed {got.get(dist)}, expected the patched {want}")
+        print(
+            f"installed: {', '.join(f'{d} {got[d]}' for d in (core, sdk))}"
+            + (f", {CELERY} {got[CELERY]}" if celery else "")
+        )
+        print(_run([str(python), "-m", "pip", "check"], "pip check").strip())
+        for said in check_files(python, _records(out, line, got)):
+            print(said)
+        st = overlay_install.OverlayInstaller(python).status()
+        if st.state is not overlay_install.OverlayState.WHEEL:
+            raise CheckError(f"overlay status: {st.state.value}, expected wheel ({st.describe()})")
+        print(f"overlay status: {st.describe()}")
+        _reap_check(python, layout, Path(tmp))
+        _way_back(python, line, sdk_version)
+
+
+def _reap_check(python: Path, layout: Layout, tmp: Path) -> None:
+    """The series' own test of the supervisor's fix, in the installed venv (pytest pinned as the tools)."""
+    _run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "-c",
+            str(layout.constraints / "tools.txt"),
+            *venvs.TEST_PACKAGES,
+        ],
+        "pip install pytest",
+    )
+    home = tmp / "airflow-home"
+    home.mkdir()
+    out = _run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(layout.root / REAP_TESTS)],
+        f"pytest {REAP_TESTS} on the installed wheels",
+        env=venvs.test_env(home, layout),
+        cwd=layout.root,
+    )
+    print(f"{REAP_TESTS}: {out.strip().splitlines()[-1]}")
+
+
+def _way_back(python: Path, line: pins.Line, sdk_version: str) -> None:
+    """What docs/package.md tells an operator: PyPI's builds back, the pinned files in place."""
+    core, sdk = pins.DISTRIBUTION, pins.SUPERVISOR.distribution
+    back = [f"{sdk}==={sdk_version}", f"{core}==={line.version}"]
+    _run(
+        [str(python), "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", *back], "way back"
+    )
+    got = installed_versions(python)
+    for dist, want in ((core, line.version), (sdk, sdk_version)):
+        if got.get(dist) != want:
+            raise CheckError(f"way back: {dist} is {got.get(dist)}, expected PyPI's {want}")
+    site = venvs.purelib(python)
+    pin = line.supervisor_pin(sdk_version)
+    for file, expect in (
+        (pins.EXECUTOR, line.source_sha256),
+        (pins.SUPERVISOR, pin.source_sha256 if pin else ""),
+    ):
+        digest = hashlib.sha256((site / file.package_path).read_bytes()).hexdigest()
+        if digest != expect:
+            raise CheckError(f"way back: {file.package_path} sha256 {digest}, pinned upstream {expect}")
+    print(_run([str(python), "-m", "pip", "check"], "pip check after the way back").strip())
+    st = overlay_install.OverlayInstaller(python).status()
+    if st.state is not overlay_install.OverlayState.PRISTINE:
+        raise CheckError(f"way back: overlay status {st.state.value}, expected pristine ({st.describe()})")
+    print(
+        f"way back ({' '.join(back)}): {core} {line.version}, {sdk} {sdk_version}, the pinned upstream files"
+    )
+
+
+# -------------------------------------------------------------------- CLI
+
+
+def _cmd_wheels(args: argparse.Namespace) -> int:
+    try:
+        lines = [pins.get_line(name) for name in args.line] if args.line else list(pins.LINES)
+    except KeyError as e:
+        raise ToolError(str(e.args[0])) from None
+    out = args.out.resolve()
+    if args.check_install:
+        return check_install(lines, out, python=args.python)
+    for wheel in wheels.build(lines, out):
+        print(f"{DEFAULT.rel(wheel)} sha256 {fetch.sha256_file(wheel)[:16]}")
+    print(
+        f"index: {DEFAULT.rel(out / 'simple')}; install with "
+        f"`pip install --find-links {DEFAULT.rel(out)} apache-airflow-core==<release>`"
+    )
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "wheels",
+        help="rebuild Airflow's own wheels (core, task-sdk) with the series' files, per covered release",
+    )
+    p.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
+    p.add_argument("--out", type=Path, default=wheels.DEFAULT_OUT, help="default: dist/wheels/")
+    p.add_argument(
+        "--check-install",
+        action="store_true",
+        help="install the built wheels into a fresh venv as users install Airflow, and check them",
+    )
+    p.add_argument("--python", default=None, help="--check-install: the interpreter of the new venv")
+    p.set_defaults(func=_cmd_wheels)
