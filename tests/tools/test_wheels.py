@@ -203,38 +203,55 @@ def test_a_later_series_sorts_higher_and_replaces_the_earlier_build(
     assert len(names) == 4 and all(f"+{after}-" in n for n in names), names
 
 
-def test_a_file_the_series_adds_to_pins_goes_in_without_code_changes(
-    synthetic: Synthetic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_core_file_pinned_on_the_base_release_alone_goes_into_that_wheel_alone(
+    synthetic: Synthetic, tmp_path: Path
 ) -> None:
-    extra = pins.UpstreamFile(
-        name="revoked_token.py",
-        distribution=CORE,
-        package_path="airflow/models/revoked_token.py",
-        repo_path="airflow-core/src/airflow/models/revoked_token.py",
-        repo_tests_dir="airflow-core/tests/unit/models",
-        tests_dir="tests/api",
-    )
-    monkeypatch.setattr(pins, "UPSTREAM_FILES", (*pins.UPSTREAM_FILES, extra))
+    """The API server's file (patch 11) changes between a line's patch releases: the overlay's copy is
+    the base's patched, so it goes into the base's core wheel, and every other release keeps its own."""
+    auth = pins.AUTH_MANAGER.package_path
     for v in ("9.9.0", "9.9.1"):
         src = synthetic.sources[CORE, v]
         files = {n: d for n, d in members(src).items() if ".dist-info/" not in n}
-        files[extra.package_path] = b"# upstream revoked_token\n"
+        files[auth] = upstream(v, auth)
         req = f"Requires-Dist: {SDK}=={synthetic.line.core_sdk[v]}"
         synthetic.sources[CORE, v] = make_wheel(tmp_path / "pypi2", CORE, v, files, req)
-    covers = {"9.9.0": _hash(synthetic.sources[CORE, "9.9.0"].read_bytes())}
     synthetic.line = dataclasses.replace(
-        synthetic.line, wheel_sha256=_hash(synthetic.sources[CORE, "9.9.1"].read_bytes()), covers=covers
+        synthetic.line,
+        wheel_sha256=_hash(synthetic.sources[CORE, "9.9.1"].read_bytes()),
+        covers={"9.9.0": _hash(synthetic.sources[CORE, "9.9.0"].read_bytes())},
+        auth_source_sha256=_hash(upstream("9.9.1", auth)),
     )
-    target = synthetic.layout.overlay / "9.9" / extra.package_path
+    target = synthetic.layout.overlay / "9.9" / auth
     target.parent.mkdir(parents=True)
-    target.write_bytes(b"# patched revoked_token\n")
+    target.write_bytes(b"# patched base_auth_manager of 9.9.1\n")
     built = build(synthetic, tmp_path / "out")
-    core = next(p for n, p in built.items() if n.startswith("apache_airflow_core-9.9.1"))
-    assert members(core)[extra.package_path] == b"# patched revoked_token\n"
-    assert [f["path"] for f in wheels.read_record(core)["files"]] == sorted([EXECUTOR, extra.package_path])
+    base = next(p for n, p in built.items() if n.startswith("apache_airflow_core-9.9.1"))
+    assert members(base)[auth] == b"# patched base_auth_manager of 9.9.1\n"
+    assert [f["path"] for f in wheels.read_record(base)["files"]] == sorted([EXECUTOR, auth])
+    covered = next(p for n, p in built.items() if n.startswith("apache_airflow_core-9.9.0"))
+    assert members(covered)[auth] == upstream("9.9.0", auth)
+    assert [f["path"] for f in wheels.read_record(covered)["files"]] == [EXECUTOR]
     # task-sdk ships no such file: its wheels are untouched by it
     sdk = next(p for n, p in built.items() if n.startswith("apache_airflow_task_sdk-2.0.1"))
-    assert extra.package_path not in members(sdk)
+    assert auth not in members(sdk)
+
+
+def test_a_release_whose_file_is_not_the_pinned_base_is_refused(synthetic: Synthetic, tmp_path: Path) -> None:
+    """The overlay replaces only the file it was made from: a source wheel's own file must be the pin's."""
+    src = synthetic.sources[CORE, "9.9.1"]
+    files = {n: d for n, d in members(src).items() if ".dist-info/" not in n}
+    files[EXECUTOR] = b"# someone else's executor\n"
+    synthetic.sources[CORE, "9.9.1"] = make_wheel(
+        tmp_path / "pypi3", CORE, "9.9.1", files, f"Requires-Dist: {SDK}==2.0.1"
+    )
+    synthetic.line = dataclasses.replace(
+        synthetic.line, wheel_sha256=_hash(synthetic.sources[CORE, "9.9.1"].read_bytes())
+    )
+    with pytest.raises(
+        wheels.WheelsError,
+        match=r"apache_airflow_core-9\.9\.1-py3-none-any\.whl: .*local_executor\.py is not the pinned base",
+    ):
+        build(synthetic, tmp_path / "out")
 
 
 def test_an_overlay_file_the_release_lacks_is_refused(synthetic: Synthetic, tmp_path: Path) -> None:

@@ -35,8 +35,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,8 @@ class Target:
     wheel_sha256: str  # of the source wheel on PyPI, as pinned
     files: dict[str, bytes]  # installed path -> the overlay's bytes
     overlay_root: Path  # where those came from
+    # installed path -> sha256 the release's own file must have: the base the overlay was made from
+    bases: dict[str, str] = field(default_factory=dict)
 
 
 def overlay_root(line: pins.Line, distribution: str, version: str, layout: Layout = DEFAULT) -> Path:
@@ -110,6 +112,20 @@ def overlay_files(root: Path, distribution: str) -> dict[str, bytes]:
     }
 
 
+def release_bases(line: pins.Line, distribution: str, version: str) -> dict[str, str]:
+    """Installed path -> the pinned sha256 of each upstream file whose overlay fits ``version`` of
+    ``distribution``: the pin's own release or one it covers (the API server's file, which changes
+    between patch releases, fits the line's base alone)."""
+    out = {}
+    for f in pins.UPSTREAM_FILES:
+        if f.distribution != distribution:
+            continue
+        pin = line.supervisor_pin(version) if f is pins.SUPERVISOR else line.pin(f)
+        if pin is not None and version in (pin.version, *pin.covers):
+            out[f.package_path] = pin.source_sha256
+    return out
+
+
 def _core_wheel_sha256(line: pins.Line, version: str) -> str:
     return line.wheel_sha256 if version == line.version else line.covers[version]
 
@@ -126,16 +142,18 @@ def targets(line: pins.Line, layout: Layout = DEFAULT) -> list[Target]:
     core = pins.DISTRIBUTION
     sdk = pins.SUPERVISOR.distribution
     core_versions = sorted({line.version, *line.covers}, key=version_key)
-    for version in core_versions:
-        root = overlay_root(line, core, version, layout)
-        files = overlay_files(root, core)
+    releases = [(core, v) for v in core_versions]
+    releases += [
+        (sdk, v)
+        for v in sorted({line.core_sdk[c] for c in core_versions if c in line.core_sdk}, key=version_key)
+    ]
+    for dist, version in releases:
+        root = overlay_root(line, dist, version, layout)
+        bases = release_bases(line, dist, version)
+        files = {path: data for path, data in overlay_files(root, dist).items() if path in bases}
         if files:
-            out.append(Target(line.name, core, version, _core_wheel_sha256(line, version), files, root))
-    for version in sorted({line.core_sdk[v] for v in core_versions if v in line.core_sdk}, key=version_key):
-        root = overlay_root(line, sdk, version, layout)
-        files = overlay_files(root, sdk)
-        if files:
-            out.append(Target(line.name, sdk, version, _sdk_wheel_sha256(line, version), files, root))
+            sha = (_core_wheel_sha256 if dist == core else _sdk_wheel_sha256)(line, version)
+            out.append(Target(line.name, dist, version, sha, files, root, bases))
     if not out:
         raise WheelsError(
             f"{layout.rel(layout.overlay / line.name)}: no overlay files for line {line.name}; "
@@ -144,9 +162,16 @@ def targets(line: pins.Line, layout: Layout = DEFAULT) -> list[Target]:
     return out
 
 
-def patches_touching(distribution: str, layout: Layout = DEFAULT) -> list[str]:
-    """The series' patches that change a file ``distribution`` ships, in series order."""
-    paths = {f.repo_path for f in pins.UPSTREAM_FILES if f.distribution == distribution}
+def patches_touching(
+    distribution: str, layout: Layout = DEFAULT, installed: Collection[str] | None = None
+) -> list[str]:
+    """The series' patches that change a file ``distribution`` ships (of ``installed`` paths, if
+    given: what one wheel replaces), in series order."""
+    paths = {
+        f.repo_path
+        for f in pins.UPSTREAM_FILES
+        if f.distribution == distribution and (installed is None or f.package_path in installed)
+    }
     return [p.name for p in series.load_series(layout).ordered() if paths & set(p.touched)]
 
 
@@ -188,10 +213,12 @@ def rebuild(
     out: Path,
     provenance: Mapping[str, object],
     epoch: int,
+    bases: Mapping[str, str] | None = None,
 ) -> Path:
     """Rebuild ``source`` with ``replacements`` in place and ``+label`` on its version, into ``out``.
 
-    Every replaced path must exist in the source wheel. Returns the new wheel's path.
+    Every replaced path must exist in the source wheel, and with ``bases`` (path -> sha256) be the
+    file the overlay was made from. Returns the new wheel's path.
     """
     with tempfile.TemporaryDirectory(prefix="lepatch-wheel-") as tmp:
         work = Path(tmp)
@@ -203,6 +230,11 @@ def rebuild(
             if not target.is_file():
                 raise WheelsError(f"{source.name} has no {rel}: the overlay does not fit this release")
             before = target.read_bytes()
+            if bases is not None and _sha256(before) != bases.get(rel):
+                raise WheelsError(
+                    f"{source.name}: {rel} is not the pinned base the overlay was made from "
+                    f"(sha256 {_sha256(before)[:12]}, pinned {bases.get(rel, 'none')[:12]})"
+                )
             target.write_bytes(data)  # why: writing through keeps the mode the wheel gave it
             files.append({"path": rel, "sha256_before": _sha256(before), "sha256_after": _sha256(data)})
         (dist_info,) = unpacked.glob("*.dist-info")
@@ -267,13 +299,13 @@ def build_line(
             stale.unlink()
         source = get(t.distribution, t.version, t.wheel_sha256)
         provenance = {
-            "series": {"label": label, "patches": patches_touching(t.distribution, layout)},
+            "series": {"label": label, "patches": patches_touching(t.distribution, layout, t.files)},
             "line": line.name,
             "distribution": t.distribution,
             "upstream_version": t.version,
             "overlay": layout.rel(t.overlay_root),
         }
-        built.append(rebuild(source, t.files, label, out, provenance, epoch))
+        built.append(rebuild(source, t.files, label, out, provenance, epoch, t.bases))
     return built
 
 
