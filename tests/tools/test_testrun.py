@@ -16,11 +16,11 @@ from tools.shared.errors import ToolError
 from tools.shared.layout import Layout
 
 
-def test_every_line_then_the_newer_pythons_then_the_tools() -> None:
+def test_the_tools_then_every_line_then_the_newer_pythons() -> None:
     lines = [ln.name for ln in pins.LINES]
-    assert testrun.cell_names() == [*lines, "3.3-py3.12+", "3.4-py3.12+", "tools"]
+    assert testrun.cell_names() == ["tools", *lines, "3.3-py3.12+", "3.4-py3.12+"]
     assert testrun.cell_names(["3.4"]) == ["3.4", "3.4-py3.12+"]
-    assert testrun.cell_names(["tools", "3.1"]) == ["3.1", "tools"]
+    assert testrun.cell_names(["3.1", "tools"]) == ["tools", "3.1"]
     with pytest.raises(ToolError, match=r"--line '3.9': not a pinned line"):
         testrun.cell_names(["3.9"])
 

@@ -3,7 +3,8 @@
 One pytest run per cell: each pinned line on its final overlay under the default Python (fork and
 spawn), 3.3 and 3.4 under Python 3.12+ as well (fork and forkserver), and ``tests/tools``. Most of a
 cell's time is waiting (a worker's exit, a scenario's deadline, a venv's install), not CPU, so cells
-run ``--jobs`` at a time (default 2, the machine's cores); each one's output goes to
+run ``--jobs`` at a time (default 3: on 2 cores, most of three cells' time still waits), the
+tooling's first, as the longest; each one's output goes to
 ``build/tests/<cell>.log`` and is printed whole when it ends, never interleaved. The venvs are
 prepared first, one after another (uv already uses every core). The exit code is non-zero if any
 cell failed; the last line sums the cells' counts.
@@ -65,7 +66,7 @@ class Cell:
 def cell_names(lines: Sequence[str] = ()) -> list[str]:
     """Every cell, in the order they start, or those of ``lines`` (a line name or ``tools``)."""
     every = [ln.name for ln in pins.LINES]
-    names = [*every, *(f"{ln}-{NEWER_PYTHON}" for ln in NEWER_PYTHON_LINES), TOOLS]
+    names = [TOOLS, *every, *(f"{ln}-{NEWER_PYTHON}" for ln in NEWER_PYTHON_LINES)]
     for wanted in lines:
         if wanted not in (*every, TOOLS):
             raise ToolError(f"--line {wanted!r}: not a pinned line (one of {', '.join(every)}, or tools)")
@@ -181,7 +182,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description=__doc__,
     )
     p.add_argument("--line", action="append", default=[], help="only this line, or 'tools' (repeatable)")
-    p.add_argument("--jobs", type=int, default=2, help="cells run side by side (default 2)")
+    p.add_argument("--jobs", type=int, default=3, help="cells run side by side (default 3)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to every cell's pytest")
     p.set_defaults(func=_cmd_tests)
 
