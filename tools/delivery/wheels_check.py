@@ -133,21 +133,7 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
         venv = Path(tmp) / "venv"
         _run([base_python, "-m", "venv", str(venv)], "python -m venv")
         python = venv / "bin" / "python"
-        _run(
-            [
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--find-links",
-                str(out),
-                "-c",
-                str(constraints),
-                *reqs,
-            ],
-            "pip install",
-        )
+        _pip_install(python, ["--find-links", str(out), "-c", str(constraints), *reqs], "pip install")
         got = installed_versions(python)
         for dist, want in expected.items():
             if got.get(dist) != want:
@@ -167,20 +153,14 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
         _way_back(python, line, sdk_version)
 
 
+def _pip_install(python: Path, args: list[str], what: str) -> str:
+    return _run([str(python), "-m", "pip", "install", "--quiet", *args], what)
+
+
 def _reap_check(python: Path, layout: Layout, tmp: Path) -> None:
     """The series' own test of the supervisor's fix, in the installed venv (pytest pinned as the tools)."""
-    _run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "-c",
-            str(layout.constraints / "tools.txt"),
-            *venvs.TEST_PACKAGES,
-        ],
-        "pip install pytest",
+    _pip_install(
+        python, ["-c", str(layout.constraints / "tools.txt"), *venvs.TEST_PACKAGES], "pip install pytest"
     )
     home = tmp / "airflow-home"
     home.mkdir()
