@@ -26,7 +26,7 @@ from tools.engine.series import read_series_names
 from tools.shared import pins
 from tools.shared.layout import DEFAULT, Layout
 
-# Options of other programs the docs quote (git, pip): no parser here knows them.
+# Options of other programs the docs quote (git, pip, airflow): no parser here knows them.
 FOREIGN_OPTIONS = {
     "--amend",
     "--no-edit",
@@ -37,6 +37,7 @@ FOREIGN_OPTIONS = {
     "--extra-index-url",
     "--force-reinstall",
     "--require-hashes",
+    "--apps",  # airflow api-server's: which of its apps a process serves
 }
 _PLACEHOLDER = re.compile(r"<[^<>\s]*>")
 _WHEEL = re.compile(rf"{package.WHEEL_DIST}-[\w.<>*?+-]*?\.whl")
