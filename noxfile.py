@@ -50,7 +50,7 @@ def apply(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """Run each line's tests on its overlay and the tooling's, three at a time (`-- --line 3.2`)."""
+    """Run each line's tests on its overlay and the tooling's, four at a time (`-- --line 3.2`)."""
     run_tools(session, "tests", *testrun.split_posargs(session.posargs))
 
 

@@ -146,6 +146,13 @@ def _interrupted_dispatch(line_number: int, executor_file: str) -> tuple[int, di
     }
 
 
+# Each start method's sweep, (stride, last line): every fourth line with fork; with spawn, whose workers
+# take a second each to start, every third of the first 40. Run under the start methods the session asks
+# for (LEPATCH_START_METHODS, as the start_method fixture), fork always: it reaches every line.
+SWEEPS = {"fork": (4, 10_000), "spawn": (3, 40)}
+SWEEP_METHODS = {"fork", *os.environ.get("LEPATCH_START_METHODS", "fork,spawn").split(",")}
+
+
 def sigterm_at_every_line(stride: int, upto: int) -> dict:
     import signal
 
@@ -179,7 +186,7 @@ def sigterm_at_every_line(stride: int, upto: int) -> dict:
 @pytest.mark.timeout(330)
 @pytest.mark.parametrize(
     ("start_method", "stride", "upto"),
-    [pytest.param("fork", 4, 10_000, id="fork"), pytest.param("spawn", 3, 40, id="spawn")],
+    [pytest.param(method, *SWEEPS[method], id=method) for method in SWEEPS if method in SWEEP_METHODS],
 )
 def test_sigterm_at_any_line_of_a_dispatch_leaves_each_workload_in_exactly_one_place(
     start_method, stride, upto

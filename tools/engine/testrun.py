@@ -3,8 +3,8 @@
 One pytest run per cell: each pinned line on its final overlay under the default Python (fork and
 spawn), 3.3 and 3.4 under Python 3.12+ as well (fork and forkserver), and ``tests/tools``. Most of a
 cell's time is waiting (a worker's exit, a scenario's deadline, a venv's install), not CPU, so cells
-run ``--jobs`` at a time (default 3: on 2 cores, most of three cells' time still waits), the
-tooling's first, as the longest; each one's output goes to
+run ``--jobs`` at a time (default 4: on 2 cores most of a cell's time still waits, and 4 slots
+pack the seven cells into two waves), the tooling's first, as the longest; each one's output goes to
 ``build/tests/<cell>.log`` and is printed whole when it ends, never interleaved. The venvs are
 prepared first, one after another (uv already uses every core). The exit code is non-zero if any
 cell failed; the last line sums the cells' counts.
@@ -182,7 +182,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description=__doc__,
     )
     p.add_argument("--line", action="append", default=[], help="only this line, or 'tools' (repeatable)")
-    p.add_argument("--jobs", type=int, default=3, help="cells run side by side (default 3)")
+    p.add_argument("--jobs", type=int, default=4, help="cells run side by side (default 4)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to every cell's pytest")
     p.set_defaults(func=_cmd_tests)
 
