@@ -827,6 +827,13 @@ def dispatch(executor: Any, items: Iterable[Any]) -> None:
     executor._process_workloads(batch)
 
 
+def heartbeat(executor: Any) -> None:
+    """What the scheduler's heartbeat does: hand over what waits in the executor's queues, then sync()."""
+    trigger = getattr(executor, "trigger_workloads", None) or executor.trigger_tasks  # 3.4 renamed it
+    trigger(executor.parallelism - len(executor.running))
+    executor.sync()
+
+
 def wait_for_states(
     executor: Any, keys: Iterable[Any], timeout: float = 30.0, stall_after: float = 2.0
 ) -> dict[str, str]:
@@ -849,7 +856,7 @@ def wait_for_states(
     give_up = time.monotonic() + timeout
     quiet_since = time.monotonic()
     while pending and time.monotonic() < give_up:
-        executor.sync()
+        heartbeat(executor)
         for key in list(pending):
             if key in executor.event_buffer and executor.event_buffer[key][0] in terminal:
                 states[label(key)] = str(executor.event_buffer[key][0])

@@ -23,7 +23,6 @@ import contextlib
 import os
 import struct
 import tempfile
-from collections import deque
 from pathlib import Path
 from unittest import mock
 
@@ -59,14 +58,14 @@ def _stand_ins_say_whether_they_run(monkeypatch):
 
     if (exited := getattr(local_executor, "_exited", None)) is not None:
 
-        def stand_in_exited(proc) -> bool:
-            return not proc.is_alive() if isinstance(proc, _Proc) else exited(proc)
+        def stand_in_exited(proc, *args, **kwargs) -> bool:
+            return not proc.is_alive() if isinstance(proc, _Proc) else exited(proc, *args, **kwargs)
 
         monkeypatch.setattr(local_executor, "_exited", stand_in_exited)
 
 
 def _executor(parallelism: int, busy: dict[int, object] | None = None, idle=(), fork: bool = True):
-    """An executor with stand-in workers: ``busy`` maps a pid to the key it runs, ``idle`` lists pids."""
+    """An executor with stand-in workers: ``busy`` maps a pid to the workload it runs, ``idle`` lists pids."""
     from airflow.executors.local_executor import LocalExecutor
 
     executor = LocalExecutor(parallelism=parallelism)
@@ -74,15 +73,13 @@ def _executor(parallelism: int, busy: dict[int, object] | None = None, idle=(), 
     executor.workers = {}
     executor._inputs = {}
     executor._outputs = {}
-    executor._pending = deque()
-    executor._dispatch_counts = {}
-    executor._worker_tasks = {}
     for pid in [*(busy or {}), *idle]:
         executor.workers[pid] = _Proc(pid)
-    for pid, key in (busy or {}).items():
-        executor._worker_tasks[pid] = key
-        executor._dispatch_counts[key] = 1
-        executor.running.add(key)
+    for pid, workload in (busy or {}).items():
+        executor._worker_tasks[pid] = key_of(workload), workload
+        if hasattr(executor, "_newest"):  # the dispatch it holds is the key's newest
+            executor._newest[key_of(workload)] = workload
+        executor.running.add(key_of(workload))
     executor.sent = []
     executor._send_workload = lambda pid, workload: executor.sent.append((pid, workload.ti.task_id))
     new_pids = iter(range(1000, 2000))
@@ -97,6 +94,11 @@ def _executor(parallelism: int, busy: dict[int, object] | None = None, idle=(), 
     return executor
 
 
+def _held(executor) -> dict:
+    """The key each busy worker holds, by pid."""
+    return {pid: key for pid, (key, _) in executor._worker_tasks.items()}
+
+
 def _queue(executor, task_id: str):
     workload = make_workload(task_id)
     executor.queue_workload(workload, session=None)
@@ -105,14 +107,14 @@ def _queue(executor, task_id: str):
 
 @pytest.mark.fixed_by(OWN_QUEUE_PATCH)
 def test_dispatch_reuses_an_idle_worker():
-    busy_key = key_of(make_workload("busy"))
-    executor = _executor(2, busy={1: busy_key}, idle=[2])
+    busy = make_workload("busy")
+    executor = _executor(2, busy={1: busy}, idle=[2])
     workload = _queue(executor, "a")
 
     executor._process_workloads([workload])
 
     assert executor.sent == [(2, "a")]
-    assert executor._worker_tasks == {1: busy_key, 2: key_of(workload)}
+    assert _held(executor) == {1: key_of(busy), 2: key_of(workload)}
     executor._spawn_worker.assert_not_called()
     # A send cannot block, so dispatching needs no drain per put any more: results are read once per
     # batch, by the worker check that reaps dead workers before choosing an idle one.
@@ -122,7 +124,7 @@ def test_dispatch_reuses_an_idle_worker():
 @pytest.mark.fixed_by(OWN_QUEUE_PATCH)
 @pytest.mark.parametrize("fork", [pytest.param(True, id="fork"), pytest.param(False, id="spawn")])
 def test_dispatch_starts_a_worker_under_parallelism(fork):
-    executor = _executor(3, busy={1: key_of(make_workload("busy"))}, fork=fork)
+    executor = _executor(3, busy={1: make_workload("busy")}, fork=fork)
     workload = _queue(executor, "a")
 
     with mock.patch("gc.freeze") as freeze, mock.patch("gc.unfreeze") as unfreeze:
@@ -143,33 +145,56 @@ def test_dispatch_starts_a_worker_under_parallelism(fork):
 def test_dispatch_keeps_the_workload_when_every_worker_is_busy():
     from airflow.utils.state import TaskInstanceState
 
-    first = key_of(make_workload("first"))
-    executor = _executor(2, busy={1: first, 2: key_of(make_workload("second"))})
+    first = make_workload("first")
+    executor = _executor(2, busy={1: first, 2: make_workload("second")})
     workload = _queue(executor, "a")
 
     executor._process_workloads([workload])
 
-    # Not queued behind a busy worker's task: it waits in the executor, holding its slot.
+    # Not queued behind a busy worker's task: it stays where the scheduler put it, holding no slot.
     assert executor.sent == []
-    assert [w for w, _ in executor._pending] == [workload]
-    assert key_of(workload) in executor.running
+    assert queued(executor)[key_of(workload)] is workload
+    assert key_of(workload) not in executor.running
     executor._spawn_worker.assert_not_called()
 
-    # The first worker to finish takes it.
-    executor._handle_result(1, first, TaskInstanceState.SUCCESS, None)
-    executor._check_workers()
+    # The first worker to finish takes it, at the next heartbeat.
+    executor._handle_result(1, key_of(first), TaskInstanceState.SUCCESS, None)
+    executor._process_workloads([workload])
     assert executor.sent == [(1, "a")]
-    assert not executor._pending
+    assert key_of(workload) not in queued(executor)
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_a_result_is_matched_to_the_key_its_workload_had_when_sent():
+    # The scheduler may change the task instance a workload was made from once it is sent (a new try, a
+    # new uuid): the worker reports the key it was sent, and the executor must match that one.
+    import uuid
+
+    from airflow.utils.state import TaskInstanceState
+
+    executor = _executor(1, idle=[1])
+    workload = _queue(executor, "a")
+    key = key_of(workload)
+    executor._process_workloads([workload])
+    workload.ti.id = uuid.uuid4()
+    workload.ti.try_number += 1
+    now = executor.get_workload_key(workload) if hasattr(executor, "get_workload_key") else workload.ti.key
+    assert now != key
+    executor._handle_result(1, key, TaskInstanceState.SUCCESS, None)
+    assert executor.event_buffer[key][0] == TaskInstanceState.SUCCESS
+    assert executor._worker_tasks == {}, "its worker is idle again"
+    assert key not in executor.running
 
 
 @pytest.mark.fixed_by(OWN_QUEUE_PATCH)
 def test_running_result_keeps_the_worker_busy():
     from airflow.utils.state import TaskInstanceState
 
-    key = key_of(make_workload("busy"))
-    executor = _executor(1, busy={1: key})
+    busy = make_workload("busy")
+    key = key_of(busy)
+    executor = _executor(1, busy={1: busy})
     executor._handle_result(1, key, TaskInstanceState.RUNNING, None)
-    assert executor._worker_tasks == {1: key}
+    assert _held(executor) == {1: key}
     assert key in executor.running
 
 
@@ -177,10 +202,11 @@ def test_running_result_keeps_the_worker_busy():
 def test_terminal_result_for_a_key_no_longer_running_frees_its_worker():
     from airflow.utils.state import TaskInstanceState
 
-    stale = key_of(make_workload("stale"))
-    executor = _executor(1, busy={1: stale})
+    stale_workload = make_workload("stale")
+    stale = key_of(stale_workload)
+    executor = _executor(1, busy={1: stale_workload})
     # The key was failed already (its dispatch ended); its worker's terminal result still arrives.
-    executor._dispatch_counts.clear()
+    getattr(executor, "_newest", {}).clear()
     executor.running.clear()
     workload = _queue(executor, "a")
     executor._process_workloads([workload])
@@ -190,7 +216,7 @@ def test_terminal_result_for_a_key_no_longer_running_frees_its_worker():
 
     assert stale not in executor.event_buffer, "a result with no dispatch in flight is not reported"
     assert executor._worker_tasks == {}, "but its worker is idle again"
-    executor._check_workers()
+    executor._process_workloads([workload])
     assert executor.sent == [(1, "a")]
 
 
@@ -268,7 +294,6 @@ def test_a_workload_that_cannot_be_pickled_is_never_written_and_its_worker_is_ke
     assert queued(executor)[key_of(workload)] is workload
     assert executor._worker_tasks == {}
     assert not executor.running
-    assert not executor._pending
 
 
 def test_a_failed_write_retires_the_worker_and_the_workload_goes_to_the_next_one():
@@ -284,10 +309,9 @@ def test_a_failed_write_retires_the_worker_and_the_workload_goes_to_the_next_one
     retired = executor._reap_workers.call_args.args[0]
     assert list(retired) == [1]
     assert len(executor._inputs[2].sent) == 1
-    assert executor._worker_tasks == {2: key_of(workload)}
+    assert _held(executor) == {2: key_of(workload)}
     assert key_of(workload) in executor.running
     assert key_of(workload) not in queued(executor)
-    assert not executor._pending
 
 
 def lazy_spawn(parallelism: int) -> dict:

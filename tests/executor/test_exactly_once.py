@@ -31,13 +31,14 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 from harness import (
     dispatch,
+    heartbeat,
     key_of,
     label,
     make_workload,
@@ -50,6 +51,7 @@ from harness import (
 )
 
 EXACTLY_ONCE_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
+OWN_PIPES_PATCH = "0007-share-no-lock-or-pipe-between-localexecutor-processes.patch"
 
 
 def _starts(started_dir: str) -> dict[str, int]:
@@ -212,15 +214,14 @@ def task_process_that_forks() -> dict:
 
     started = getattr(local_executor, "STARTED", None)
     acknowledged: list[object] = []
-    read = local_executor._ResultReader.read
+    handle = local_executor.LocalExecutor._handle_result
 
-    def counting_read(self: object) -> Iterator[object]:
-        for result in read(self):
-            if isinstance(result, tuple) and result[1] == started:
-                acknowledged.append(result[0])
-            yield result
+    def counting(self: Any, pid: int, key: object, state: object, *rest: Any) -> Any:
+        if state == started:
+            acknowledged.append(key)
+        return handle(self, pid, key, state, *rest)
 
-    local_executor._ResultReader.read = counting_read
+    local_executor.LocalExecutor._handle_result = counting  # type: ignore[method-assign]
     executor = new_executor(1)
     task = make_workload("task", fake={"task_process_forks": 3})
     dispatch(executor, [task])
@@ -354,7 +355,8 @@ def unloadable_result() -> dict:
     outcome = {
         "raised": raised,
         "bad": str(state),
-        "names_the_result": "could not read the result" in str(info) and "TypeError" in str(info),
+        # Unpatched it could not be read back; patched, the worker sends the error's repr.
+        "names_the_result": "HTTP 503 from the API" in str(info),
         "after": after_state,
     }
     if after_state == "success":
@@ -362,7 +364,7 @@ def unloadable_result() -> dict:
     return outcome
 
 
-@pytest.mark.fixed_by(EXACTLY_ONCE_PATCH)
+@pytest.mark.fixed_by(OWN_PIPES_PATCH)
 def test_a_result_that_cannot_be_unpickled_fails_its_key_and_frees_its_worker():
     # Unpatched, sync() raises the unpickling error and the worker stays busy for ever: with parallelism
     # 1 nothing runs again. (fork: the exception class is the harness's, found the same way in both.)
@@ -413,7 +415,7 @@ def earlier_dispatch_ends_last() -> dict:
     dispatch(executor, after)
     # Syncing as the scheduler's loop does: the second may wait in the executor for the earlier
     # dispatch's worker until its result is read.
-    both_ran = wait_until(lambda: executor.sync() or len(os.listdir(after_started)) == 2)
+    both_ran = wait_until(lambda: heartbeat(executor) or len(os.listdir(after_started)) == 2)
     Path(after_gate).touch()
     after_states = wait_for_states(executor, [key_of(w) for w in after], timeout=30)
     outcome = {
@@ -462,7 +464,7 @@ def end_during_a_long_write() -> dict:
     big = make_workload("big", pad=256 * 1024)
     dispatch(executor, [big])
     # Once the thread has taken it (one still waiting when end() begins is queued again, never sent).
-    wait_until(lambda: not executor._pending, timeout=10)
+    wait_until(lambda: not getattr(executor, "_pending", ()), timeout=10)
     executor.end()
     return {
         "states": {label(k): str(s) for k, (s, _) in executor.event_buffer.items() if str(s) != "running"}
@@ -503,11 +505,11 @@ def end_while_a_workload_waits() -> dict:
     }
 
 
-@pytest.mark.fixed_by(EXACTLY_ONCE_PATCH)
+@pytest.mark.fixed_by(OWN_PIPES_PATCH)
 def test_end_starts_no_workload_that_waits_for_a_worker(start_method):
-    # Before, end() handed the workloads waiting in the executor to workers as running tasks finished,
-    # and waited for those too: a scheduler told to stop started new tasks. Now they are queued again, as
-    # before their dispatch, and the next scheduler runs their task instances.
+    # Before, a workload no worker could take waited in the shared pipe, and end() let a worker take it
+    # once a running task finished: a scheduler told to stop started new tasks. Now it never leaves
+    # BaseExecutor's queue, and the next scheduler runs its task instance.
     outcome = run_scenario(end_while_a_workload_waits, start_method=start_method, deadline=90)
     assert outcome == {
         "starts": {"running": 1},
@@ -515,3 +517,84 @@ def test_end_starts_no_workload_that_waits_for_a_worker(start_method):
         "queued_again": ["waiting"],
         "running": [],
     }
+
+
+# --------------------------------------------------------------------------------------
+# A SIGTERM while the scheduler's sync() reaps a dead worker (found by `nox -s model`).
+# --------------------------------------------------------------------------------------
+
+
+def sigterm_in_the_reap_of_a_dead_worker(line_number: int) -> dict:
+    """
+    SIGKILL the worker of a started task, then raise SIGTERM at the ``line_number``-th line that
+    ``_reap_workers`` itself runs in the next sync() (0: none), and end() the executor as the scheduler's
+    exit does. Half reaped, the worker made end() raise KeyError, or left its key running for ever.
+    """
+    import signal
+    import sys
+
+    from airflow.executors import local_executor
+
+    def exit_on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    executor = new_executor(1)
+    started_dir = tempfile.mkdtemp()
+    gate = Path(tempfile.mkdtemp(), "go")
+    victim = make_workload("victim", fake={"started_dir": started_dir, "wait_for": str(gate)})
+    dispatch(executor, [victim])
+    assert wait_until(lambda: os.listdir(started_dir), timeout=30), "the task never started"
+    # Its start acknowledgement read (from patch 9 on): the task is failed, not queued again.
+    assert wait_until(lambda: executor.sync() or not getattr(executor, "_unstarted", ()), timeout=10)
+    (pid,) = executor.workers
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT), timeout=10)
+    seen = 0
+
+    def on_line(frame, event, arg):
+        nonlocal seen
+        if event == "line" and frame.f_code.co_name == "_reap_workers":
+            seen += 1
+            if seen == line_number:
+                signal.raise_signal(signal.SIGTERM)
+        return on_line
+
+    def on_call(frame, event, arg):
+        return on_line if frame.f_code.co_filename == local_executor.__file__ else None
+
+    interrupted = False
+    try:
+        sys.settrace(on_call)
+        try:
+            executor.sync()
+        finally:
+            sys.settrace(None)
+    except SystemExit:
+        interrupted = True
+    try:
+        executor.end()
+        ended = "returned"
+    except BaseException as e:
+        ended = f"raised {type(e).__name__}"
+    state = executor.event_buffer.get(key_of(victim), ("missing", None))[0]
+    return {
+        "lines": seen,
+        "interrupted": interrupted,
+        "end": ended,
+        "state": str(state),
+        "running": len(executor.running),
+    }
+
+
+@pytest.mark.fixed_by(EXACTLY_ONCE_PATCH)
+def test_sigterm_while_a_dead_worker_is_reaped_leaves_end_working_and_its_key_failed():
+    lines = run_scenario(sigterm_in_the_reap_of_a_dead_worker, deadline=60, line_number=0)["lines"]
+    assert lines >= 5, lines
+    bad = {}
+    for line_number in range(1, lines + 1):
+        outcome = run_scenario(sigterm_in_the_reap_of_a_dead_worker, deadline=60, line_number=line_number)
+        expected = {"interrupted": True, "end": "returned", "state": "failed", "running": 0}
+        if {k: outcome[k] for k in expected} != expected:
+            bad[line_number] = outcome
+    assert bad == {}, bad

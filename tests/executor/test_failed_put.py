@@ -51,10 +51,10 @@ def failed_put(earlier_dispatch: bool) -> dict:
         "slots_unchanged": executor.slots_available == slots_before,
     }
     gate.touch()
-    if earlier_dispatch:
-        outcome["earlier"] = wait_for_states(executor, [key_of(earlier)], timeout=10)["k"]
     # The executor still works, and the failed put left no slot behind once the earlier one ended.
     queued(executor).pop(key_of(broken))
+    if earlier_dispatch:
+        outcome["earlier"] = wait_for_states(executor, [key_of(earlier)], timeout=10)["k"]
     after = make_workload("after")
     dispatch(executor, [after])
     outcome["after"] = wait_for_states(executor, [key_of(after)], timeout=10)["after"]

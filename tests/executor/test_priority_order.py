@@ -37,6 +37,7 @@ from pathlib import Path
 import pytest
 from harness import (
     airflow_line,
+    heartbeat,
     key_of,
     make_workload,
     new_executor,
@@ -45,7 +46,8 @@ from harness import (
     wait_until,
 )
 
-NO_THREAD_PATCH = "0009-keep-localexecutor-workers-busy-between-scheduler-loops.patch"
+# What waits for a worker stays in BaseExecutor's queues, which hand it over highest priority first.
+OWN_PIPES_PATCH = "0007-share-no-lock-or-pipe-between-localexecutor-processes.patch"
 # Starts closer than this are the same scheduler loop's (the low tasks run 0.3 s each).
 SAME_TIME = 0.1
 
@@ -152,7 +154,7 @@ def held_workloads_in_priority_order() -> dict:
     return {"order": sorted(starts, key=starts.__getitem__), "states": sorted(set(states.values()))}
 
 
-@pytest.mark.fixed_by(NO_THREAD_PATCH)
+@pytest.mark.fixed_by(OWN_PIPES_PATCH)
 def test_workloads_the_executor_holds_start_highest_priority_first(start_method):
     outcome = run_scenario(held_workloads_in_priority_order, start_method=start_method, deadline=90)
     assert outcome == {"order": ["long", "high", "low"], "states": ["success"]}
@@ -181,7 +183,7 @@ def a_callback_held_behind_tasks() -> dict:
     ended: list[str] = []  # one worker: the order they end in is the order they started in
     give_up = time.monotonic() + 30
     while len(ended) < len(keys) and time.monotonic() < give_up:
-        executor.sync()
+        heartbeat(executor)
         ended += [name for key, name in keys.items() if key in executor.event_buffer and name not in ended]
         time.sleep(0.01)
     executor.end()
@@ -191,8 +193,8 @@ def a_callback_held_behind_tasks() -> dict:
 # Before 3.3 nothing but tasks reaches an executor: no order to keep.
 if _release()[:2] >= (3, 3):
 
-    @pytest.mark.fixed_by(NO_THREAD_PATCH)
+    @pytest.mark.fixed_by(OWN_PIPES_PATCH)
     def test_callbacks_start_before_every_task_the_executor_holds(start_method):
-        # BaseExecutor hands callbacks over before any task; the executor's own order keeps that.
+        # BaseExecutor hands callbacks over before any task, and the executor holds none of its own.
         outcome = run_scenario(a_callback_held_behind_tasks, start_method=start_method, deadline=90)
         assert outcome == {"order": ["long", "callback", "high"]}

@@ -15,7 +15,7 @@
 # KIND, either express or implied.  See the License for the
 # specific language governing permissions and limitations
 # under the License.
-"""A task's exception that cannot be pickled still reaches the scheduler, as its repr."""
+"""A task's exception reaches the scheduler as a summary that cannot fail to pickle or tear a frame."""
 
 from __future__ import annotations
 
@@ -83,3 +83,23 @@ def test_an_exception_that_cannot_be_pickled_fails_its_key_with_its_repr() -> No
     outcome = run_scenario(fail_with_an_unpicklable_exception, start_method="fork", deadline=120)
     assert outcome["states"] == {"unpicklable": "failed", "next": "success"}, outcome
     assert "the real error: HTTP 503 from the API" in outcome["info"], outcome
+
+
+@pytest.mark.fixed_by(PICKLING_PATCH)
+def test_a_result_frame_fits_in_one_atomic_pipe_write() -> None:
+    # The executor reads a worker's results only after poll() and never waits for the rest of a frame:
+    # that is safe because a worker writes each one whole, in one write of at most PIPE_BUF bytes,
+    # which a pipe takes entirely or not at all, so a worker killed at any instant tears none. The
+    # longest key and an error far larger than a pipe, with characters UTF-8 needs 2 bytes for.
+    import select
+    import struct
+    from multiprocessing.reduction import ForkingPickler
+
+    from airflow.executors import local_executor
+    from airflow.models.taskinstancekey import TaskInstanceKey
+    from airflow.utils.state import TaskInstanceState
+
+    key = TaskInstanceKey("d" * 250, "t" * 250, "r" * 250, 2**31 - 1, 2**31 - 1)
+    info = local_executor._summary(RuntimeError("é" * (1 << 20)))
+    frame = struct.pack("!i", 0) + ForkingPickler.dumps((key, TaskInstanceState.UP_FOR_RETRY, info))
+    assert len(frame) <= select.PIPE_BUF, len(frame)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
-from collections import deque
 from pathlib import Path
 
 import pytest
@@ -88,19 +87,25 @@ def test_worker_killed_after_start_frees_its_slot_and_fails_the_key(start_method
 class _Alive:
     """A stand-in worker process that never dies."""
 
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
     def is_alive(self):
         return True
 
 
 def _bookkeeping_only(executor, worker_pids):
     """The executor as start() leaves it, with stand-in workers: nothing forks and nothing is sent."""
-    executor.workers = {pid: _Alive() for pid in worker_pids}
+    executor.workers = {pid: _Alive(pid) for pid in worker_pids}
     executor._inputs = {}
     executor._outputs = {}
-    executor._pending = deque()
-    executor._worker_tasks = {}
-    executor._dispatch_counts = {}
-    executor._check_workers = lambda: None
+    executor.sync = lambda: None
+    executor._idle_worker = lambda: next((p for p in worker_pids if p not in executor._worker_tasks), None)
+    executor._send_workload = lambda pid, workload: None
+    executor._stop_workers = lambda pids: executor.stopped.extend(pids)
+    executor._terminate_worker_process = lambda proc: executor.stopped.append(proc.pid)
+    executor._reap_workers = lambda pids: None
+    executor.stopped = []
 
 
 def _dispatch(executor, workload):
@@ -117,7 +122,6 @@ def test_result_from_a_process_that_is_not_a_worker_is_ignored():
     workload = make_workload("stray")
     key = key_of(workload)
     _dispatch(executor, workload)
-    executor._worker_tasks[1] = key
     # pid 4242 is no worker of this executor (a reaped one, say): its messages change nothing.
     executor._handle_result(4242, key, "running", None)
     executor._handle_result(4242, key, TaskInstanceState.SUCCESS, None)
@@ -135,8 +139,7 @@ def test_earlier_dispatch_result_keeps_the_slot_of_a_newer_dispatch():
     workload = make_workload("resumed")
     key = key_of(workload)
     _dispatch(executor, workload)
-    _dispatch(executor, workload)
-    executor._worker_tasks.update({1: key, 2: key})  # as if each dispatch had been sent to a worker
+    _dispatch(executor, workload)  # to the other worker
     executor._handle_result(1, key, TaskInstanceState.SUCCESS, None)
     assert key in executor.running, "the newer dispatch still holds its slot"
     executor._handle_result(2, key, TaskInstanceState.SUCCESS, None)
@@ -144,11 +147,14 @@ def test_earlier_dispatch_result_keeps_the_slot_of_a_newer_dispatch():
     assert executor.event_buffer[key][0] == TaskInstanceState.SUCCESS
 
 
-def test_revoke_task_releases_a_workload_whose_worker_never_started_it():
+def test_revoke_task_releases_a_workload_whose_worker_never_started_it(monkeypatch):
     """The scheduler's stuck-in-queued handling calls revoke_task: the slot comes back, no event."""
     from types import SimpleNamespace
 
+    from airflow.executors import local_executor
     from airflow.executors.local_executor import LocalExecutor
+
+    monkeypatch.setattr(local_executor, "_exited", lambda proc, timeout=0.0: False, raising=False)
 
     executor = LocalExecutor(parallelism=1)
     _bookkeeping_only(executor, [1])
@@ -160,4 +166,4 @@ def test_revoke_task_releases_a_workload_whose_worker_never_started_it():
     assert key not in executor.running
     assert executor.slots_available == 1
     assert key not in executor.event_buffer
-    assert not executor._pending
+    assert executor.stopped == [1], "the worker it was sent to is stopped"

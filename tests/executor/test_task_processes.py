@@ -226,7 +226,9 @@ def worker_reaped_by_someone_else() -> dict:
     return {"states": states, "forgotten": worker not in executor.workers}
 
 
-@pytest.mark.fixed_by(KILL_TASKS_PATCH)
+# Patch 7 finds dead workers with waitid(), which says ECHILD for one reaped elsewhere; before it,
+# multiprocessing's waitpid() failed the same way and is_alive() read that as running.
+@pytest.mark.fixed_by("0007-share-no-lock-or-pipe-between-localexecutor-processes.patch")
 def test_a_worker_reaped_by_someone_else_is_seen_dead(start_method):
     # It was taken for alive for ever: its key never failed, its slot never freed, and end() never returned.
     outcome = run_scenario(worker_reaped_by_someone_else, start_method=start_method, deadline=90)

@@ -42,7 +42,7 @@ TARGET_PERCENT = 5
 # paths in their final shape and patch 9 holds signals off with a decorator instead of re-indenting
 # them, leaving 30-32 (3.0-3.2 %): a signature that gains a parameter, a check patch 9 widens. Raise
 # one only where a fix goes into the patch that made the bug and must touch a line an earlier patch added.
-CEILINGS: dict[str, int] = {"3.3": 24, "3.2": 26, "3.1": 24, "3.4": 24}
+CEILINGS: dict[str, int] = {"3.3": 10, "3.2": 10, "3.1": 10, "3.4": 10}
 RATCHETED = pins.EXECUTOR
 
 BASE = 0  # the tag of the base's lines: patch numbers start at 1

@@ -2,11 +2,15 @@
 
 The models (``model/*.pml``, Promela) are of the protocol between the LocalExecutor and its workers:
 
-- ``final.pml``: the overlay (patches 7 to 10): a pipe pair per worker, a workload only to an idle
-  worker, results read without blocking, death by waitpid and ``_reap_worker``; one thread:
-  the scheduler's, the only reader of results and writer of workloads, changing state only in blocks
-  that hold SIGTERM off, SIGTERM between any two of them (then ``end()``), and the start
-  acknowledgement: a workload whose worker died before starting it goes to another worker;
+- ``final.pml``: the overlay (patches 7 to 10): a pipe pair per worker and no queue of the executor's
+  own: workloads wait in BaseExecutor's queue (the scheduler's), each heartbeat hands over as many as
+  there are open slots, and ``_process_workloads`` writes each whole to an idle worker before taking it
+  from that queue; result frames written whole (each smaller than ``PIPE_BUF``) and read without
+  blocking; death by waitid and ``_reap_workers``; one thread: the scheduler's, the only reader of
+  results and writer of workloads, SIGTERM held off in ``_process_workloads``, ``_read_results`` and
+  ``_worker_died`` and coming anywhere else (between the lines of ``_reap_workers`` too; then ``end()``),
+  and the start acknowledgement: a workload whose worker died before starting it goes back to
+  BaseExecutor's queue;
 - ``shared.pml`` (through ``stage0.pml``/``stage3.pml``): one shared activity queue and one shared
   result queue with their locks; stage 3 drains the results once before each put.
 
@@ -21,20 +25,18 @@ worker died (assertions); ``end()`` returns.
 
 Each check is one row: a model, its bounds (``-D`` macros) and what SPIN must say. The final checks
 must find nothing, exhaustively (one that found a race before its fix names the fix's regression test:
-SIGTERM mid-dispatch, once a workload the worker got whole undone by ``_dispatch_pending``); the stage 0
-and 3 checks must find their deadlock (the check bites), each written out as the real operations of its
-trail (``@op`` comments in the model; ``@wait`` says what a stuck process waits for) and named after the
-regression test it reproduces. Rows marked "no test yet" report what the model finds that no regression
-test covers; they do not decide the exit code.
+SIGTERM mid-dispatch); the stage 0 and 3 checks must find their deadlock (the check bites), each written
+out as the real operations of its trail (``@op`` comments in the model; ``@wait`` says what a stuck
+process waits for) and named after the regression test it reproduces. Rows marked "no test yet" report
+what the model finds that no regression test covers; they do not decide the exit code.
 
-Left out of the models: sizes are scaled (a pipe of 2 pages, not 16; sizes in half pages); a write of
-at most a page is not atomic-into-a-fresh-page as Linux makes it; EOF on a result pipe (a task process
-may hold it open: death is known by waitpid only); one key dispatched twice (resumed deferrals),
-connection tests, ``revoke_task``, the scheduler's own ``change_state``; the spawn start method; a
-signal inside ``end()`` and ``terminate()`` (and so ``end()``'s ``except``); how many workloads the
-scheduler hands over at once (all of them in one batch, more than the slots allow); workloads
-or results that fail to unpickle (patch 9 fails the key of a result it cannot read); a workload that
-is not a task (no start acknowledgement).
+Left out of the models: sizes are scaled (a pipe of 2 pages, not 16; sizes in half pages); in stages 0
+and 3 a write of at most a page is not atomic-into-a-fresh-page as Linux makes it (the final model's
+result frames are); EOF on a result pipe (a task process may hold it open: death is known by waitid
+only); one key dispatched twice (resumed deferrals), connection tests, callbacks, ``revoke_task``, the
+scheduler's own ``change_state``; priorities (all workloads of one: BaseExecutor's queue in insertion
+order); the spawn start method; a signal inside ``end()`` and ``terminate()`` (and so ``end()``'s
+``except``); a workload that fails to pickle; a workload that is not a task (no start acknowledgement).
 
 The final model stands for ``airflow_overlay/3.3/airflow/executors/local_executor.py`` as it was when
 the model was last reviewed: ``model/overlay.sha256`` records its hash, ``--check-hash`` fails once the
@@ -106,25 +108,26 @@ def _phases(mask: int) -> str:
 TESTS = "tests/executor/"
 FINDING = "no test yet"
 CHECKS: tuple[Check, ...] = (
-    Check("final", "final", "final.pml", {"N": 2, "K": 2, "W": 5, "R": 5, "KILLS": 1, "TERMS": 1}, NONE),
-    # Two kills and a SIGTERM with two workloads do not fit MEMORY_MB (over 124M states): the SIGTERM
-    # (end() while workers still run) multiplies the states about fifteenfold. So two kills are checked
-    # without it, and with it on one workload (re-dispatched twice).
+    # Result frames are at most a page (R=2u): a worker writes each whole, in one write smaller than
+    # PIPE_BUF. Workloads (W=5u) are larger than the model's pipe, written a page at a time.
+    Check("final", "final", "final.pml", {"N": 2, "K": 2, "W": 5, "R": 2, "KILLS": 1, "TERMS": 1}, NONE),
+    # Two kills, with and without a SIGTERM (end() while workers still run, which multiplies the states
+    # about ninefold); with whole result frames both fit MEMORY_MB on two workloads.
     Check(
-        "final/2 kills", "final", "final.pml", {"N": 2, "K": 2, "W": 5, "R": 5, "KILLS": 2, "TERMS": 0}, NONE
+        "final/2 kills", "final", "final.pml", {"N": 2, "K": 2, "W": 5, "R": 2, "KILLS": 2, "TERMS": 0}, NONE
     ),
     Check(
         "final/2 kills, SIGTERM",
         "final",
         "final.pml",
-        {"N": 2, "K": 1, "W": 5, "R": 5, "KILLS": 2, "TERMS": 1},
+        {"N": 2, "K": 2, "W": 5, "R": 2, "KILLS": 2, "TERMS": 1},
         NONE,
     ),
     Check(
         "final/3 workloads",
         "final",
         "final.pml",
-        {"N": 2, "K": 3, "W": 5, "R": 5, "KILLS": 0, "TERMS": 1},
+        {"N": 2, "K": 3, "W": 5, "R": 2, "KILLS": 0, "TERMS": 1},
         NONE,
     ),
     Check(
@@ -218,14 +221,28 @@ CHECKS: tuple[Check, ...] = (
         "with self._unread_messages:",
         "test_shared_queue_races.py::test_a_process_killed_holding_a_shared_counter_lock_does_not_stop_dispatch",
     ),
-    # Found by the model (SystemExit inside or right after ``send_bytes`` undid a workload the worker
-    # had got whole); patch 9 fixes it: SIGTERM is held off while the scheduler's thread changes state
-    # (the only thread that writes workloads). One worker: workloads wait in the deque throughout.
+    # Found by the model when the executor had a deque of its own (SystemExit inside or right after the
+    # write undid a workload the worker had got whole); patch 9 fixes it: _process_workloads holds SIGTERM
+    # off and takes a workload from BaseExecutor's queue only once it is written whole, so that undo is
+    # gone by construction. One worker: workloads wait in BaseExecutor's queue throughout.
+    # Found by the model on the redesign's first cut (issue 53): _reap_workers held nothing off, so a
+    # SIGTERM between two of its lines left a worker half reaped: end() raised KeyError, or its key stayed
+    # running for ever. Patch 9 holds the whole reap off.
+    Check(
+        "final/reap not held",
+        "final",
+        "final.pml",
+        {"N": 2, "K": 2, "W": 5, "R": 2, "KILLS": 1, "TERMS": 1, "REAP_UNHELD": 1},
+        ASSERTION,
+        "hasout[",
+        "test_exactly_once.py::"
+        "test_sigterm_while_a_dead_worker_is_reaped_leaves_end_working_and_its_key_failed",
+    ),
     Check(
         "final/SIGTERM mid-dispatch",
         "final",
         "final.pml",
-        {"N": 1, "K": 3, "W": 5, "R": 5, "KILLS": 1, "TERMS": 1},
+        {"N": 1, "K": 3, "W": 5, "R": 2, "KILLS": 1, "TERMS": 1},
         NONE,
         test="test_exactly_once.py::"
         "test_sigterm_at_any_line_of_a_dispatch_leaves_each_workload_in_exactly_one_place",
@@ -288,6 +305,8 @@ ASSERTIONS = {
     "!(corrupt": "a worker read a frame made of two messages",
     "!(alive[w])": "a workload failed while its worker lives",
     "res_open==0": "two writers interleaved in one frame",
+    "hasout[": "KeyError in end(): a worker left half reaped (gone from _outputs, still in workers)",
+    "hasin[": "KeyError in end(): a worker left half reaped (gone from _inputs, still in workers)",
 }
 
 
