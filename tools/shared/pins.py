@@ -11,8 +11,10 @@ from the one recorded here is refused.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 
+from tools.shared.errors import ToolError
 from tools.shared.versions import version_key
 
 DISTRIBUTION = "apache-airflow-core"
@@ -300,3 +302,16 @@ def get_line(name: str) -> Line:
             return line
     known = ", ".join(f"{line.name} ({line.version})" for line in LINES)
     raise KeyError(f"unknown release line {name!r}; pinned lines: {known}")
+
+
+def add_line_options(parser: argparse.ArgumentParser) -> None:
+    """``--line`` (repeatable) for a command that works on every pinned line by default."""
+    parser.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
+
+
+def selected_lines(args: argparse.Namespace) -> list[Line]:
+    """The lines ``add_line_options``' ``--line`` names, in the order given; every line without one."""
+    try:
+        return [get_line(name) for name in args.line] if args.line else list(LINES)
+    except KeyError as e:
+        raise ToolError(str(e.args[0])) from None
