@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from e2e_options import e2e_options
 
-from tools.measure.e2e import cli, driver, throughput
+from tools.measure.e2e import cli, driver, stack, throughput
 from tools.measure.e2e.stack import AirflowStack, StackConfig
 from tools.measure.e2e.throughput import Figures, StageRow
 from tools.shared.errors import ToolError
@@ -137,6 +137,11 @@ def test_every_components_pool_timeouts_api_server_first(tmp_path: Path) -> None
     (tmp_path / "notes.txt").write_text(TIMEOUT)  # not a component's log
     got = driver.component_pool_timeouts(tmp_path)
     assert list(got.items()) == [("api-server", 1), ("dag-processor", 0), ("scheduler", 0)]
+    # --split-api's execution api-server: right after the api-server, as stack.API_SERVERS lists them.
+    (tmp_path / f"{stack.EXECUTION_API}.log").write_text(_handled("35.1"))
+    got = driver.component_pool_timeouts(tmp_path)
+    assert list(got) == [*stack.API_SERVERS, "dag-processor", "scheduler"]
+    assert got[stack.EXECUTION_API] == 1
     assert driver.component_pool_timeouts(tmp_path / "none") == {}
 
 

@@ -804,8 +804,10 @@ def stuck_in_queued(scheduler_log: Path) -> tuple[int, int]:
 
 
 def component_pool_timeouts(logs: Path) -> dict[str, int]:
-    """Each component's database pool timeouts, from its log in ``logs`` (api-server first)."""
-    found = sorted(logs.glob("*.log"), key=lambda p: (p.stem != "api-server", p.stem))
+    """Each component's database pool timeouts, from its log in ``logs``: the api-servers first, in
+    ``API_SERVERS``' order, then the others by name."""
+    rank = {name: i for i, name in enumerate(API_SERVERS)}
+    found = sorted(logs.glob("*.log"), key=lambda p: (rank.get(p.stem, len(rank)), p.stem))
     return {p.stem: n for p in found if (n := throughput.pool_timeouts(p)) is not None}
 
 
