@@ -33,6 +33,9 @@ class UpstreamFile:
     repo_path: str  # in Airflow's git repository (the patches' layout)
     repo_tests_dir: str  # where the series puts its tests for this file, in Airflow's repository
     tests_dir: str  # where those tests are derived to, in this repository
+    # The overlay replaces it on the line's base release only: the line's other releases may ship
+    # another version of it, or none (an installed core without it is not an error).
+    pinned_on_base_only: bool = False
 
 
 EXECUTOR = UpstreamFile(
@@ -60,6 +63,7 @@ AUTH_MANAGER = UpstreamFile(
     repo_path="airflow-core/src/airflow/api_fastapi/auth/managers/base_auth_manager.py",
     repo_tests_dir="airflow-core/tests/unit/api_fastapi/auth/managers",
     tests_dir="tests/api_server",
+    pinned_on_base_only=True,
 )
 UPSTREAM_FILES: tuple[UpstreamFile, ...] = (EXECUTOR, SUPERVISOR, AUTH_MANAGER)
 
