@@ -505,3 +505,21 @@ def test_only_api_server_installs_the_token_check_alone(
     assert oi.main(args) == 0, capsys.readouterr().err
     assert target.read_bytes() == base
     assert auth.read_bytes() == (auth_overlay / LINE.name / pins.AUTH_MANAGER.package_path).read_bytes()
+
+
+def test_a_file_pinned_on_base_only_may_be_missing_from_the_installed_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A core release without base_auth_manager.py is inspected as one without it; a file whose
+    pin carries no ``pinned_on_base_only`` missing from its installed distribution is refused."""
+    assert [f for f in pins.UPSTREAM_FILES if f.pinned_on_base_only] == [pins.AUTH_MANAGER]
+    python, _ = fake_env(tmp_path / "env", LINE.version, b"# stand-in local_executor.py\n")
+    inst = make(python, tmp_path / "overlay", tmp_path)
+    auth = next(i for i in inst.inspect().files if i.file is pins.AUTH_MANAGER)
+    assert auth.version is None
+    every_release = dataclasses.replace(pins.AUTH_MANAGER, pinned_on_base_only=False)
+    monkeypatch.setattr(pins, "UPSTREAM_FILES", (pins.EXECUTOR, pins.SUPERVISOR, every_release))
+    with pytest.raises(
+        oi.OverlayError, match=r"apache-airflow-core \S+ is installed but this file is missing"
+    ):
+        inst.inspect()

@@ -295,3 +295,16 @@ def test_bump_through_the_cli(
     assert cli.main(["pins", "--bump", "9.2", "9.2.0b1"]) == 1
     assert "9.2.0b1 is not newer than the 9.2 line's base 9.2.0b2" in capsys.readouterr().err
     assert cli.main(["pins", "--write"]) == 1
+
+
+@pytest.mark.parametrize("command", ["wheels", "package"])
+def test_line_options_select_lines_by_name_or_covered_version(command: str) -> None:
+    parser = cli.build_parser()
+    every = parser.parse_args([command])
+    assert pins.selected_lines(every) == list(pins.LINES)
+    primary = pins.PRIMARY
+    chosen = parser.parse_args([command, "--line", pins.LINES[-1].name, "--line", next(iter(primary.covers))])
+    assert pins.selected_lines(chosen) == [pins.LINES[-1], primary]
+    with pytest.raises(ToolError, match=r"unknown release line '9\.9'; pinned lines: ") as info:
+        pins.selected_lines(parser.parse_args([command, "--line", "9.9"]))
+    assert "\n" not in str(info.value)

@@ -439,7 +439,7 @@ class OverlayInstaller:
             if version is None and f is pins.EXECUTOR:
                 raise OverlayError(f"{self.python}: {f.distribution} is not installed in {data['prefix']}")
             target = Path(located).resolve() if located else Path(data["prefix"]) / f.package_path
-            if version is not None and not target.is_file() and f is pins.AUTH_MANAGER:
+            if version is not None and not target.is_file() and f.pinned_on_base_only:
                 version = None  # a core release without it: the overlay replaces it only where pinned
             if version is not None and not target.is_file():
                 raise OverlayError(

@@ -582,10 +582,7 @@ def build(line: pins.Line, out: Path, layout: Layout = DEFAULT) -> Path:
 
 
 def _cmd_package(args: argparse.Namespace) -> int:
-    try:
-        lines = [pins.get_line(name) for name in args.line] if args.line else list(pins.LINES)
-    except KeyError as e:
-        raise ToolError(str(e.args[0])) from None
+    lines = pins.selected_lines(args)
     out = args.out.resolve()
     for line in lines:
         path = build(line, out)
@@ -600,6 +597,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "package",
         help="build one wheel per pinned line into dist/: the series' executor as an Airflow provider",
     )
-    p.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
+    pins.add_line_options(p)
     p.add_argument("--out", type=Path, default=DEFAULT.root / "dist", help="default: dist/")
     p.set_defaults(func=_cmd_package)

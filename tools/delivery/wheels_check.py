@@ -206,10 +206,7 @@ def _way_back(python: Path, line: pins.Line, sdk_version: str) -> None:
 
 
 def _cmd_wheels(args: argparse.Namespace) -> int:
-    try:
-        lines = [pins.get_line(name) for name in args.line] if args.line else list(pins.LINES)
-    except KeyError as e:
-        raise ToolError(str(e.args[0])) from None
+    lines = pins.selected_lines(args)
     out = args.out.resolve()
     if args.check_install:
         return check_install(lines, out, python=args.python)
@@ -227,7 +224,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "wheels",
         help="rebuild Airflow's own wheels (core, task-sdk) with the series' files, per covered release",
     )
-    p.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
+    pins.add_line_options(p)
     p.add_argument("--out", type=Path, default=wheels.DEFAULT_OUT, help="default: dist/wheels/")
     p.add_argument(
         "--check-install",

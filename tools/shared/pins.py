@@ -11,8 +11,10 @@ from the one recorded here is refused.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 
+from tools.shared.errors import ToolError
 from tools.shared.versions import version_key
 
 DISTRIBUTION = "apache-airflow-core"
@@ -31,6 +33,9 @@ class UpstreamFile:
     repo_path: str  # in Airflow's git repository (the patches' layout)
     repo_tests_dir: str  # where the series puts its tests for this file, in Airflow's repository
     tests_dir: str  # where those tests are derived to, in this repository
+    # The overlay replaces it on the line's base release only: the line's other releases may ship
+    # another version of it, or none (an installed core without it is not an error).
+    pinned_on_base_only: bool = False
 
 
 EXECUTOR = UpstreamFile(
@@ -58,6 +63,7 @@ AUTH_MANAGER = UpstreamFile(
     repo_path="airflow-core/src/airflow/api_fastapi/auth/managers/base_auth_manager.py",
     repo_tests_dir="airflow-core/tests/unit/api_fastapi/auth/managers",
     tests_dir="tests/api_server",
+    pinned_on_base_only=True,
 )
 UPSTREAM_FILES: tuple[UpstreamFile, ...] = (EXECUTOR, SUPERVISOR, AUTH_MANAGER)
 
@@ -300,3 +306,16 @@ def get_line(name: str) -> Line:
             return line
     known = ", ".join(f"{line.name} ({line.version})" for line in LINES)
     raise KeyError(f"unknown release line {name!r}; pinned lines: {known}")
+
+
+def add_line_options(parser: argparse.ArgumentParser) -> None:
+    """``--line`` (repeatable) for a command that works on every pinned line by default."""
+    parser.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
+
+
+def selected_lines(args: argparse.Namespace) -> list[Line]:
+    """The lines ``add_line_options``' ``--line`` names, in the order given; every line without one."""
+    try:
+        return [get_line(name) for name in args.line] if args.line else list(LINES)
+    except KeyError as e:
+        raise ToolError(str(e.args[0])) from None

@@ -11,6 +11,7 @@ from e2e_options import e2e_options
 
 from tools.measure.e2e import apistall, driver, uipoll
 from tools.measure.e2e.apistall import Access, RoundCounts
+from tools.measure.e2e.stack import API_SERVERS
 from tools.measure.e2e.throughput import Figures
 from tools.measure.e2e.uipoll import PollRecord
 
@@ -155,7 +156,9 @@ def test_a_rounds_counts_come_from_its_logs_its_figures_and_the_poller(tmp_path:
         * 3
     )
     run = _FakeRun(extra={"throughput": {"tasks_per_s": 0.59, "failed": 2, "pool_timeouts": 1}})
-    driver._api_stall(cast(driver.Run, run), tmp_path, poller, [TI_C], sched)
+    driver._api_stall(
+        cast(driver.Run, run), tmp_path, poller, [TI_C], sched, driver.read_api_logs(tmp_path / "logs")
+    )
     stall = run.extra["api_stall"]
     assert stall["counts"] == {
         "tasks_per_s": 0.59,
@@ -179,7 +182,8 @@ def test_a_rounds_counts_come_from_its_logs_its_figures_and_the_poller(tmp_path:
     json.dumps(run.extra)  # the report can hold it
     # No poller, no log, no look at the processes: unknown, not zero.
     bare = _FakeRun()
-    driver._api_stall(cast(driver.Run, bare), tmp_path / "none", None, None, tmp_path / "none.log")
+    none = driver.read_api_logs(tmp_path / "none")
+    driver._api_stall(cast(driver.Run, bare), tmp_path / "none", None, None, tmp_path / "none.log", none)
     counts = bare.extra["api_stall"]["counts"]
     assert counts["api_slow"] is None and counts["left_running"] is None and counts["poll_errors"] is None
     assert bare.extra["api_stall"]["client_retries"] is None
@@ -275,3 +279,7 @@ def test_split_api_servers_logs_are_counted_together(tmp_path: Path) -> None:
     together = apistall.api_log_figures(core, execution)
     assert together == apistall.api_figures(apistall.access_records(_stalled_log()))
     assert apistall.api_log_figures(core, tmp_path / "missing.log") == apistall.api_log_figures(core)
+    # The same figures from the texts the driver reads once per round.
+    logs = driver.read_api_logs(tmp_path)
+    assert list(logs) == list(API_SERVERS) and apistall.api_text_figures(*logs.values()) == together
+    assert apistall.api_text_figures(None, None) is None

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from e2e_options import e2e_options
 
-from tools.measure.e2e import cli, driver, throughput
+from tools.measure.e2e import cli, driver, stack, throughput
 from tools.measure.e2e.stack import AirflowStack, StackConfig
 from tools.measure.e2e.throughput import Figures, StageRow
 from tools.shared.errors import ToolError
@@ -137,6 +137,15 @@ def test_every_components_pool_timeouts_api_server_first(tmp_path: Path) -> None
     (tmp_path / "notes.txt").write_text(TIMEOUT)  # not a component's log
     got = driver.component_pool_timeouts(tmp_path)
     assert list(got.items()) == [("api-server", 1), ("dag-processor", 0), ("scheduler", 0)]
+    # --split-api's execution api-server: right after the api-server, as stack.API_SERVERS lists them.
+    (tmp_path / f"{stack.EXECUTION_API}.log").write_text(_handled("35.1"))
+    got = driver.component_pool_timeouts(tmp_path)
+    assert list(got) == [*stack.API_SERVERS, "dag-processor", "scheduler"]
+    assert got[stack.EXECUTION_API] == 1
+    # A log the round already read (driver.read_api_logs) is counted from that text, not read again.
+    texts = driver.read_api_logs(tmp_path)
+    (tmp_path / "api-server.log").write_text("")
+    assert driver.component_pool_timeouts(tmp_path, texts) == got
     assert driver.component_pool_timeouts(tmp_path / "none") == {}
 
 
@@ -157,7 +166,7 @@ def test_figures_count_failed_tasks_and_the_api_servers_pool_timeouts(tmp_path: 
     log = tmp_path / "api-server.log"
     log.write_text(_handled("33.10") + _asgi("33.12") + _handled("34.00") + _asgi("34.01"))
     tis = [_ti(0, "success"), _ti(1, "failed"), _ti(2, "failed"), _ti(3, "queued")]
-    f = throughput.figures(tis, None, api_log=log)
+    f = throughput.figures(tis, None, api_log_text=throughput.read_log(log))
     assert (f.tasks, f.ended, f.failed, f.pool_timeouts) == (4, 3, 2, 2)
     assert f.text().endswith("; failed 2; api-server pool timeouts 2")
     assert f.as_json()["failed"] == 2 and f.as_json()["pool_timeouts"] == 2

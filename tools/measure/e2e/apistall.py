@@ -124,16 +124,19 @@ def api_figures(records: Iterable[Access]) -> ApiFigures:
 
 def api_log_figures(*logs: Path) -> ApiFigures | None:
     """The access logs' figures, every api-server's together (None: no log)."""
-    records: list[Access] = []
-    found = False
+    texts: list[str | None] = []
     for log in logs:
         try:
-            text = log.read_text(errors="replace")
+            texts.append(log.read_text(errors="replace"))
         except OSError:
-            continue
-        found = True
-        records += access_records(text)
-    return api_figures(records) if found else None
+            texts.append(None)
+    return api_text_figures(*texts)
+
+
+def api_text_figures(*texts: str | None) -> ApiFigures | None:
+    """``api_log_figures`` of logs already read (a None text: that log is missing)."""
+    found = [text for text in texts if text is not None]
+    return api_figures([r for text in found for r in access_records(text)]) if found else None
 
 
 def client_retries(log: Path) -> int | None:
@@ -167,7 +170,7 @@ class RoundCounts:
     api_longest_s: float | None = None
     poll_longest_s: float | None = None
     poll_errors: int | None = None  # the poller's 5xx answers and unanswered requests
-    pool_timeouts: int | None = None  # the api-server log's (throughput.pool_timeouts)
+    pool_timeouts: int | None = None  # the api-server log's (throughput.count_pool_timeouts)
     starts_retried: int | None = None
     failed: int | None = None
     left_running: int | None = None

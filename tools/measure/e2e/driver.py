@@ -77,7 +77,7 @@ async) parallelism + 8 connections with Airflow's overflow of 10 (``--db-pool he
 judge the executor under kills, and with 5 + 10 at parallelism 16 the api-server's token check
 (issue 52) can hold every request 30 s and fail task starts for a reason that is not the
 executor's. ``--db-pool airflow|headroom|N`` sets one pool for every scenario. Every scenario
-counts the pool timeouts in each component's log (``throughput.pool_timeouts``); throughput
+counts the pool timeouts in each component's log (``throughput.count_pool_timeouts``); throughput
 reports the api-server's with its failed tasks, per round and in the comparison table.
 
 While the throughput run goes, a UI's run page polls it (``tools.measure.e2e.uipoll``: four
@@ -111,7 +111,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
@@ -803,10 +803,25 @@ def stuck_in_queued(scheduler_log: Path) -> tuple[int, int]:
     return text.count(QT_REQUEUED), text.count(QT_FAILED)
 
 
-def component_pool_timeouts(logs: Path) -> dict[str, int]:
-    """Each component's database pool timeouts, from its log in ``logs`` (api-server first)."""
-    found = sorted(logs.glob("*.log"), key=lambda p: (p.stem != "api-server", p.stem))
-    return {p.stem: n for p in found if (n := throughput.pool_timeouts(p)) is not None}
+def read_api_logs(logs: Path) -> dict[str, str | None]:
+    """Each api-server's log in ``logs`` by name, in ``API_SERVERS``' order (None: no log): read once
+    after the stack stopped, for every count a round takes from them."""
+    return {name: throughput.read_log(logs / f"{name}.log") for name in API_SERVERS}
+
+
+def component_pool_timeouts(logs: Path, texts: Mapping[str, str | None] | None = None) -> dict[str, int]:
+    """Each component's database pool timeouts, from its log in ``logs``: the api-servers first, in
+    ``API_SERVERS``' order, then the others by name. A log in ``texts`` (by component, as
+    ``read_api_logs`` gives them) is not read again."""
+    texts = texts or {}
+    rank = {name: i for i, name in enumerate(API_SERVERS)}
+    found = sorted(logs.glob("*.log"), key=lambda p: (rank.get(p.stem, len(rank)), p.stem))
+    out = {}
+    for p in found:
+        text = texts[p.stem] if p.stem in texts else throughput.read_log(p)
+        if text is not None:
+            out[p.stem] = throughput.count_pool_timeouts(text)
+    return out
 
 
 def _title_or_gone(pid: int) -> str:
@@ -853,15 +868,23 @@ def _left_running(run: Run, tis: list[Json]) -> list[str]:
 
 
 def _api_stall(
-    run: Run, home: Path, poller: uipoll.UiPoller | None, left: list[str] | None, supervisor_log: Path
+    run: Run,
+    home: Path,
+    poller: uipoll.UiPoller | None,
+    left: list[str] | None,
+    supervisor_log: Path,
+    api_logs: Mapping[str, str | None],
 ) -> None:
     """Issue 52's counts of the round into ``run.extra["api_stall"]`` (and its summary line);
-    ``supervisor_log``: where task-sdk's supervisors log (its client's retry lines)."""
-    api_logs = [home / "logs" / f"{name}.log" for name in API_SERVERS]
-    api = apistall.api_log_figures(*api_logs)
+    ``supervisor_log``: where task-sdk's supervisors log (its client's retry lines); ``api_logs``:
+    the api-servers' logs as ``read_api_logs`` read them."""
+    api = apistall.api_text_figures(*(api_logs.get(name) for name in API_SERVERS))
     fig = run.extra.get("throughput") or {}
     # The throughput figures count the api-server's log; --split-api's execution api-server has its own.
-    timeouts = [n for n in (fig.get("pool_timeouts"), throughput.pool_timeouts(api_logs[1])) if n is not None]
+    others = [
+        throughput.count_pool_timeouts(t) for n in API_SERVERS[1:] if (t := api_logs.get(n)) is not None
+    ]
+    timeouts = [n for n in (fig.get("pool_timeouts"), *others) if n is not None]
     retries = apistall.client_retries(supervisor_log)
     poll = (
         uipoll.summarise(uipoll.read_records(home / uipoll.RECORDS_FILE), poller.token_source)
@@ -1179,7 +1202,8 @@ class ScenarioRunner:
             finally:
                 # also on a Ctrl-C while the figures above are read: nothing of the stack stays up
                 stop_info = stack.stop()
-            run.extra["pool_timeouts"] = component_pool_timeouts(home / "logs")
+            api_logs = read_api_logs(home / "logs")
+            run.extra["pool_timeouts"] = component_pool_timeouts(home / "logs", api_logs)
             if any(run.extra["pool_timeouts"].values()):
                 run.event(
                     "database pool timeouts (the components' logs): "
@@ -1203,7 +1227,7 @@ class ScenarioRunner:
                 throughput_run,
                 scheduler_log=supervisor_log,
                 min_heartbeat_interval=self.opts.min_heartbeat_interval,
-                api_log=home / "logs" / "api-server.log",
+                api_log_text=api_logs[API_SERVERS[0]],
             )
             run.extra["throughput"] = fig.as_json()
             run.extra["throughput_summary"] = fig.text()
@@ -1224,7 +1248,7 @@ class ScenarioRunner:
                 run.event(cpu.text())
         if name == "throughput":
             # After the stop: the access log has a line for every request once it ended.
-            _api_stall(run, home, poller, left_running, supervisor_log)
+            _api_stall(run, home, poller, left_running, supervisor_log, api_logs)
         span = max([watch.elapsed if watch else 0.0] + [t for t, _ in run.events] + [1.0])
         t0_for_rows = t0_wall
         rows = rows_from_api(

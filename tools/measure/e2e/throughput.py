@@ -33,7 +33,7 @@ failed
 api-server pool timeouts
     requests the api-server failed because its SQLAlchemy pool had no connection for them within
     ``pool_timeout`` (SQLAlchemy's ``QueuePool limit of size N overflow M reached, connection timed
-    out, timeout T``), counted from its log by ``pool_timeouts``: a task supervisor whose start
+    out, timeout T``), counted from its log by ``count_pool_timeouts``: a task supervisor whose start
     (``PATCH .../run``) waits there gives up after ``[workers] execution_api_timeout`` (5 s) and
     retries, and the start fails when the request that did get through finds the task no longer
     queued. The e2e stack's pool (``--db-pool``, :mod:`tools.measure.e2e.driver`) decides whether
@@ -173,9 +173,23 @@ def _records(text: str) -> list[str]:
     return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
 
 
+def read_log(log: Path) -> str | None:
+    """A component's log, read once for every count taken from it (None: no log)."""
+    try:
+        return log.read_text(errors="replace")
+    except OSError:
+        return None
+
+
 def pool_timeouts(log: Path) -> int | None:
-    """How many times a component failed to get a database connection within ``pool_timeout``
-    (None: no log).
+    """``count_pool_timeouts`` of a component's log (None: no log)."""
+    text = read_log(log)
+    return None if text is None else count_pool_timeouts(text)
+
+
+def count_pool_timeouts(text: str) -> int:
+    """How many times a component failed to get a database connection within ``pool_timeout``,
+    from its log's ``text``.
 
     Each log record (a line and its traceback) that carries SQLAlchemy's message, or ends in the
     frame that raises it with no message (``POOL_TIMEOUT_FRAME``), is one timeout, except that a
@@ -184,10 +198,6 @@ def pool_timeouts(log: Path) -> int | None:
     with an error``. Of those two kinds the larger count is taken (each is at most one per
     request), and records of any other kind are added.
     """
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
     if POOL_TIMEOUT_TEXT not in text and not POOL_TIMEOUT_FRAME.search(text):
         return 0
     asgi = handled = other = 0
@@ -209,10 +219,11 @@ def figures(
     run: dict[str, Any] | None = None,
     scheduler_log: Path | None = None,
     min_heartbeat_interval: float | None = None,
-    api_log: Path | None = None,
+    api_log_text: str | None = None,
 ) -> Figures:
     """The figures of one run from the API's task-instance records (and the run record); the
-    stalls from ``scheduler_log`` and the pool timeouts from ``api_log`` (the api-server's)."""
+    stalls from ``scheduler_log`` and the pool timeouts from ``api_log_text`` (the api-server's
+    log, as ``read_log`` gives it: None, no log)."""
     tis = list(tis)
     queued = [q for q in (parse_ts(d.get("queued_when")) for d in tis) if q is not None]
     ends = [e for e in (parse_ts(d.get("end_date")) for d in tis) if e is not None]
@@ -240,7 +251,7 @@ def figures(
         s2s_p95_s=percentile(whole, 95),
         stalls=None if scheduler_log is None else stalls(tis, scheduler_log, min_heartbeat_interval),
         failed=sum(1 for d in tis if d.get("state") == "failed"),
-        pool_timeouts=None if api_log is None else pool_timeouts(api_log),
+        pool_timeouts=None if api_log_text is None else count_pool_timeouts(api_log_text),
     )
 
 
