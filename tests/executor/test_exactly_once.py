@@ -221,7 +221,7 @@ def task_process_that_forks() -> dict:
             acknowledged.append(key)
         return handle(self, pid, key, state, *rest)
 
-    local_executor.LocalExecutor._handle_result = counting  # type: ignore[method-assign]
+    local_executor.LocalExecutor._handle_result = counting
     executor = new_executor(1)
     task = make_workload("task", fake={"task_process_forks": 3})
     dispatch(executor, [task])
@@ -413,9 +413,14 @@ def earlier_dispatch_ends_last() -> dict:
         for i in (1, 2)
     ]
     dispatch(executor, after)
+
     # Syncing as the scheduler's loop does: the second may wait in the executor for the earlier
     # dispatch's worker until its result is read.
-    both_ran = wait_until(lambda: heartbeat(executor) or len(os.listdir(after_started)) == 2)
+    def both_started() -> bool:
+        heartbeat(executor)
+        return len(os.listdir(after_started)) == 2
+
+    both_ran = wait_until(both_started)
     Path(after_gate).touch()
     after_states = wait_for_states(executor, [key_of(w) for w in after], timeout=30)
     outcome = {

@@ -327,7 +327,7 @@ def _run_worker(
             unacknowledged[0] = key  # task-sdk 1.2 forks every task process: the at-fork hook acknowledges
         elif isinstance(workload, workloads.ExecuteCallback):
             output.send((key, CallbackState.RUNNING, None))
-            run, succeeded, failed = _execute_callback, CallbackState.SUCCESS, CallbackState.FAILED
+            run, succeeded, failed = _execute_callback, CallbackState.SUCCESS, CallbackState.FAILED  # type: ignore[assignment]
         else:
             raise ValueError(f"LocalExecutor does not know how to handle {type(workload)}")
         try:
@@ -636,7 +636,8 @@ class LocalExecutor(BaseExecutor):
             if not others:
                 self.running.discard(key)
             return
-        super().change_state(key, state, info=info, remove_running=not others)
+        # 3.2's change_state is annotated for task keys only; it takes callback keys too.
+        super().change_state(key, state, info=info, remove_running=not others)  # type: ignore[arg-type]
         self._forget(key)
 
     def _holders(self, key: WorkloadKey) -> list[int]:
