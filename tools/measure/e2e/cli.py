@@ -413,7 +413,15 @@ def parse_stages(text: str) -> list[int | None]:
 
 
 def _cmd_e2e(args: argparse.Namespace) -> int:
-    return run_session(options_from(args))
+    # A SIGTERM (nox's on Ctrl-C, or a kill) must stop the stack too, as main()'s does.
+    old = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        return run_session(options_from(args))
+    except KeyboardInterrupt:
+        print("interrupted; every started process was stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

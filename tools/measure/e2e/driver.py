@@ -1225,6 +1225,7 @@ class ScenarioRunner:
             # 16 workers' task processes and a loaded machine: 5 s of SQLite lock wait is not enough.
             cfg.sqlite_busy_timeout = TP_SQLITE_BUSY_TIMEOUT
         if name == "scale":
+            (home / SCALE_JOBS_DIR).mkdir(parents=True, exist_ok=True)  # the jobs write into it
             # Airflow's own task_queued_timeout (600 s): 500 tasks at 64 queue deeper than the e2e's 30 s.
             cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
         if name == "queued-timeout":
