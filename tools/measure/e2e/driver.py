@@ -134,7 +134,7 @@ from tools.measure.e2e.celery import Redis
 from tools.measure.e2e.judge import N_TASKS, Kill, judge
 from tools.measure.e2e.stack import API_SERVERS, AirflowStack, Postgres, StackConfig, StackError, tail
 from tools.measure.e2e.timeline import format_timeline, rows_from_api, summarize
-from tools.measure.e2e.watch import Json, RestApi, RunWatcher, TaskSnap, WatchResult
+from tools.measure.e2e.watch import FINAL_RUN_STATES, Json, RestApi, RunWatcher, TaskSnap, WatchResult
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT as LAYOUT
@@ -889,6 +889,10 @@ def kill_scale(run: Run) -> None:
     run.extra["scale_kills"] = kills
     sched = run.stack.scheduler_pid
     while not run.done.is_set() and run.remaining() > 0:
+        last = run.watcher.last
+        if last is not None and last.run_state in FINAL_RUN_STATES:
+            watch.poll()
+            break
         for a in watch.poll():
             run.event(
                 f"{a.task_id}: try {a.try_number}'s job {a.pid} alive as try {a.retry} starts "
