@@ -151,3 +151,19 @@ def test_kills_below_zero_are_refused() -> None:
 
     with pytest.raises(ToolError, match="--kills must be at least 0"):
         cli.parse_options(["--kills", "-1"])
+
+
+def test_compare_stages_ends_with_one_scale_table_of_every_stage() -> None:
+    opts = cli.parse_options(["--scenario", "scale", "--tasks", "2", "--compare-stages", "0,full"])
+    bad = scale.judge({"a": "running", "b": "success"}, 2, False, [], [], [], kills=10).as_json()
+    good = scale.judge({"a": "success", "b": "success"}, 2, True, [], [], [], kills=10).as_json()
+
+    def report(stage: int | None, verdict: dict[str, object], run_s: float | None) -> dict[str, object]:
+        sc = {"name": "scale", "passed": False, "extra": {"scale": verdict}, "timings": {"run_s": run_s}}
+        return {"stage": stage, "scenarios": [sc]}
+
+    tables = driver.compare_tables(opts, [report(0, bad, None), report(None, good, 301.0)])
+    lines = tables["scale"].splitlines()
+    assert lines[0].startswith("scale: 2 BashOperator jobs at parallelism 8, 10 worker kills, 3.3")
+    assert lines[2].startswith("stage 0") and lines[2].endswith("FAIL")
+    assert lines[3].startswith("full series") and "301s" in lines[3] and lines[3].endswith("PASS")
