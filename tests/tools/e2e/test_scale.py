@@ -78,7 +78,14 @@ def test_the_verdict_counts_each_check() -> None:
     jobs = [_job("a", 1, 0.0, 12.5), _job("a", 2, 6.0, 20.0), _job("c", 1, 0.0, 3.0)]
     alive = [AliveAtRetry(7.0, "a", 1, 1001, 2, 6.0)]
     v = scale.judge(states, 4, False, jobs, alive, ["job a try 1 pid 1001 (bash)"], kills=2)
-    assert v.counts == {"not-terminal": 3, "overlap": 1, "alive-after-retry": 1, "left": 1}
+    assert v.counts == {
+        "not-terminal": 3,
+        "overlap": 1,
+        "alive-after-retry": 1,
+        "left": 1,
+        "no-job": 1,  # b: nothing ran, so nothing could have overlapped
+        "kills": 0,
+    }
     assert v.states == {"failed": 1, "running": 1, "success": 1}
     assert (v.tis, v.jobs, v.retried, v.kills, v.passed) == (3, 3, 1, 2, False)
     fails = v.failures()
@@ -86,21 +93,23 @@ def test_the_verdict_counts_each_check() -> None:
     assert (
         fails[2] == "alive-after-retry: 1 (a: try 1's job pid 1001 alive 1.0 s after try 2 started (at 6.0s))"
     )
+    short = scale.judge({"a": "success"}, 1, True, [_job("a", 1, 0.0, 3.0)], [], [], kills=8, kills_asked=10)
+    assert short.counts["kills"] == 1 and short.failures() == ["kills: 1 (-: 8 of 10 worker kills landed)"]
     ok = scale.judge({"a": "success"}, 1, True, [_job("a", 1, 0.0, 3.0)], [], [], kills=0)
     assert ok.passed and ok.failures() == [] and ok.as_json()["violations_total"] == 0
 
 
 def test_the_table_has_a_row_per_stage() -> None:
     bad = scale.judge({"a": "running"}, 1, False, [], [], [], kills=10).as_json()
-    good = scale.judge({"a": "success"}, 1, True, [], [], [], kills=10).as_json()
+    good = scale.judge({"a": "success"}, 1, True, [_job("a", 1, 0.0, 3.0)], [], [], kills=10).as_json()
     lines = scale.table(
         "scale: title", [("stage 0", bad, None), ("full series", good, 612.4), ("x", None, None)]
     )
     assert lines.splitlines()[0] == "scale: title"
     head = lines.splitlines()[1].split()
     assert head[:9] == ["stage", "TIs", "success", "failed", "other", "jobs", "retried", "kills", "run"]
-    assert head[10:14] == ["not-term", "overlap", "alive", "left"]
-    assert lines.splitlines()[2].split()[-7:] == ["|", "2", "0", "0", "0", "|", "FAIL"]
+    assert head[10:16] == ["not-term", "overlap", "alive", "left", "no-job", "kills<"]
+    assert lines.splitlines()[2].split()[-9:] == ["|", "2", "0", "0", "0", "1", "0", "|", "FAIL"]
     assert lines.splitlines()[2].endswith("| FAIL") and lines.splitlines()[3].endswith("| PASS")
     assert "612s" in lines.splitlines()[3] and "no verdict" in lines.splitlines()[4]
 
@@ -156,7 +165,8 @@ def test_kills_below_zero_are_refused() -> None:
 def test_compare_stages_ends_with_one_scale_table_of_every_stage() -> None:
     opts = cli.parse_options(["--scenario", "scale", "--tasks", "2", "--compare-stages", "0,full"])
     bad = scale.judge({"a": "running", "b": "success"}, 2, False, [], [], [], kills=10).as_json()
-    good = scale.judge({"a": "success", "b": "success"}, 2, True, [], [], [], kills=10).as_json()
+    jobs = [_job("a", 1, 0.0, 3.0), _job("b", 1, 0.0, 3.0)]
+    good = scale.judge({"a": "success", "b": "success"}, 2, True, jobs, [], [], kills=10).as_json()
 
     def report(stage: int | None, verdict: dict[str, object], run_s: float | None) -> dict[str, object]:
         sc = {"name": "scale", "passed": False, "extra": {"scale": verdict}, "timings": {"run_s": run_s}}

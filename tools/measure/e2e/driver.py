@@ -943,13 +943,15 @@ def measure_scale(run: Run, tasks: Mapping[str, TaskSnap], final: bool, stop_inf
         left,
         len(run.extra.get("scale_kills", [])),
         t0=run.t0_wall,
+        kills_asked=run.opts.kills,
     )
     run.extra["scale"] = verdict.as_json()
     c = verdict.counts
     run.extra["scale_summary"] = (
         f"{verdict.tis} task instances {verdict.states}, {verdict.jobs} job tries, {verdict.retried} tasks "
         f"retried, {verdict.kills} workers killed; not terminal {c['not-terminal']}, overlaps "
-        f"{c['overlap']}, alive after retry {c['alive-after-retry']}, left {c['left']}"
+        f"{c['overlap']}, alive after retry {c['alive-after-retry']}, left {c['left']}, "
+        f"without a job {c['no-job']}"
     )
     for v in verdict.violations[:20]:
         run.say(f"   {v.text()}")

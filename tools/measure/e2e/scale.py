@@ -19,6 +19,10 @@ alive-after-retry
 left
     Anything alive after the stack was stopped: a job a record names (pid and starttime), or a
     process of the stack the stop had to kill.
+
+Two more keep a run from passing for want of evidence: ``no-job``, a task instance none of whose
+tries started a job (nothing ran, so nothing could overlap), and ``kills``, fewer worker kills
+landed than asked for.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-CHECKS = ("not-terminal", "overlap", "alive-after-retry", "left")
+CHECKS = ("not-terminal", "overlap", "alive-after-retry", "left", "no-job", "kills")
 TERMINAL = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 
 
@@ -199,6 +203,7 @@ def judge(
     left: Sequence[str],
     kills: int,
     t0: float = 0.0,
+    kills_asked: int = 0,
 ) -> Verdict:
     """The verdict: ``states`` task id -> final state (the API's), ``left`` one line per process
     found alive after the stack was stopped."""
@@ -221,6 +226,14 @@ def judge(
             )
         )
     vs += [Violation("left", "-", what) for what in left]
+    ran = {j.task_id for j in jobs}
+    vs += [
+        Violation("no-job", task_id, f"{states[task_id] or 'none'}, and no try of it started a job")
+        for task_id in sorted(states)
+        if task_id not in ran
+    ]
+    if kills < kills_asked:
+        vs.append(Violation("kills", "-", f"{kills} of {kills_asked} worker kills landed"))
     by_state: dict[str, int] = defaultdict(int)
     for s in states.values():
         by_state[s or "none"] += 1
@@ -236,7 +249,14 @@ def judge(
     )
 
 
-COLS = {"not-terminal": "not-term", "overlap": "overlap", "alive-after-retry": "alive", "left": "left"}
+COLS = {
+    "not-terminal": "not-term",
+    "overlap": "overlap",
+    "alive-after-retry": "alive",
+    "left": "left",
+    "no-job": "no-job",
+    "kills": "kills<",
+}
 
 
 def table(title: str, rows: Sequence[tuple[str, Mapping[str, Any] | None, float | None]]) -> str:
