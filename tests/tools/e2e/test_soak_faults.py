@@ -33,6 +33,9 @@ def test_rates_are_met_within_poisson_noise_and_inside_the_window() -> None:
     faults = schedule(3, 3600, DEFAULT_RATES)
     counts = soak_faults.counts(faults)
     for kind, per_min in DEFAULT_RATES.items():
+        if not per_min:
+            assert counts[kind] == 0, kind
+            continue
         expected = per_min * (3600 - soak_faults.WARMUP_S) / 60
         assert abs(counts[kind] - expected) < 4 * expected**0.5, (kind, counts[kind], expected)
     assert all(soak_faults.WARMUP_S < f.t < 3600 for f in faults)
@@ -80,3 +83,18 @@ def test_choose_is_stable_and_modular() -> None:
     assert soak_faults.choose(0, [30, 10, 20]) == 10
     assert soak_faults.choose(4, [30, 10, 20]) == 20  # 4 % 3 = 1 -> the second by pid
     assert soak_faults.choose(4, [(30, "a"), (10, "b")], key=lambda x: x[0]) == (10, "b")
+
+
+def test_a_database_restart_is_asked_for_by_name_and_leaves_the_others_alone() -> None:
+    # At 0 by default: the documented soaks (a bare total over the four older kinds) replay as they were.
+    assert DEFAULT_RATES[soak_faults.RESTART_DB] == 0
+    assert soak_faults.counts(schedule(1, 600, DEFAULT_RATES))[soak_faults.RESTART_DB] == 0
+    assert parse_rates(["22"])[soak_faults.RESTART_DB] == 0
+    rates = parse_rates(["restart-db=1"])
+    assert rates == {**DEFAULT_RATES, soak_faults.RESTART_DB: 1.0}
+    with_db = schedule(1, 600, rates)
+    restarts = [f for f in with_db if f.kind == soak_faults.RESTART_DB]
+    assert [(f.t, f.pause_s) for f in restarts[:3]] == [(12.949, 7.93), (67.764, 8.14), (146.603, 2.52)]
+    lo, hi = soak_faults.DB_DOWN_RANGE_S
+    assert restarts and all(lo <= f.pause_s <= hi for f in restarts)
+    assert [f for f in with_db if f.kind != soak_faults.RESTART_DB] == schedule(1, 600, DEFAULT_RATES)

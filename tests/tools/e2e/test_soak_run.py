@@ -72,10 +72,10 @@ def test_the_figures_table_has_a_row_per_stage_with_faults_and_violations() -> N
     head = lines[1].split()
     assert head[:6] == ["stage", "runs", "TIs", "success", "failed", "other"]
     row0 = lines[2].replace("stage 0", "stage-0").split()
-    # runs, TIs, success, failed, other | kill-wk, kill-task, restart, pause, skipped, restarts | ...
+    # runs, TIs, success, failed, other | kill-wk, kill-task, restart, pause, db, skipped, restarts | ...
     assert row0[1:7] == ["30", "300", "280", "2", "18", "|"]
-    assert row0[7:13] == ["2", "0", "0", "1", "1", "3"]
-    assert row0[14:22] == ["1", "1", "0", "0", "0", "0", "0", "0"]
+    assert row0[7:14] == ["2", "0", "0", "1", "0", "1", "3"]
+    assert row0[15:23] == ["1", "1", "0", "0", "0", "0", "0", "0"]
     assert lines[2].endswith("overlap at 40.5s")
     assert lines[3].endswith("| none")
     assert lines[4].endswith("error: stack not ready after 180 s")
@@ -101,7 +101,18 @@ def test_alive_as_tells_a_process_from_one_that_reused_its_pid() -> None:
 def test_a_cleanup_is_shielded_from_ctrl_c_and_sigterm() -> None:
     import signal
 
+    # A process started in the background by a script inherits SIGINT ignored: set what is tested.
+    launched_with = signal.signal(signal.SIGINT, signal.default_int_handler)
     before = signal.getsignal(signal.SIGINT)
+    try:
+        _shielded_then_not(before)
+    finally:
+        signal.signal(signal.SIGINT, launched_with)
+
+
+def _shielded_then_not(before: object) -> None:
+    import signal
+
     with soak.shielded():
         os.kill(os.getpid(), signal.SIGINT)  # ignored: no KeyboardInterrupt in the middle of a stop
         os.kill(os.getpid(), signal.SIGTERM)
@@ -110,3 +121,44 @@ def test_a_cleanup_is_shielded_from_ctrl_c_and_sigterm() -> None:
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)  # the handler runs at the latest here
+
+
+class _FakePostgres:
+    def __init__(self, alive: bool = True) -> None:
+        self.downs: list[float] = []
+        self.proc = self
+        self._alive = alive
+        self.pid = 100
+
+    def alive(self) -> bool:
+        return self._alive
+
+    def restart(self, down_s: float) -> tuple[float, float]:
+        self.downs.append(down_s)
+        self.pid += 1
+        return 0.4, 1.2
+
+
+def _soak_with(pg: _FakePostgres) -> soak.StageSoak:
+    # The fault plumbing only: a StageSoak without a stack (no __init__, which creates a database).
+    s = object.__new__(soak.StageSoak)
+    s.pg = pg  # type: ignore[assignment]
+    s.result = soak.StageResult("full series", None, "aa")
+    s.stack = argparse.Namespace(procs={"scheduler": argparse.Namespace(alive=lambda: True)})  # type: ignore[assignment]
+    return s
+
+
+def test_a_database_restart_fault_stops_postgres_for_its_down_time_and_starts_it_again() -> None:
+    pg = _FakePostgres()
+    s = _soak_with(pg)
+    hit = s._apply(soak_faults.Fault(12.9, soak_faults.RESTART_DB, 0, 7.93))
+    assert pg.downs == [7.93]
+    assert hit == "PostgreSQL 100 stopped (fast) in 0.4 s, down 7.9 s, ready again in 1.2 s (pid 101)"
+    assert s.result.restarts == {"postgres": {"fault": 1}}
+    # A server that is not up (its restart failed) is no target: the fault waits, then is skipped.
+    down = _FakePostgres(alive=False)
+    assert _soak_with(down)._apply(soak_faults.Fault(20.0, soak_faults.RESTART_DB, 0, 3.0)) is None
+    assert down.downs == []
+    o = _opts("--fault-rate", "restart-db=0.5")
+    assert o.rates[soak_faults.RESTART_DB] == 0.5
+    assert "db" in soak.figures_table(o, []).splitlines()[1].split()

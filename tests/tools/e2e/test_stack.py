@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tools.measure.e2e import procfs
-from tools.measure.e2e.stack import EXECUTION_API, AirflowStack, Process, StackConfig, StackError
+from tools.measure.e2e.stack import (
+    EXECUTION_API,
+    AirflowStack,
+    Postgres,
+    Process,
+    StackConfig,
+    StackError,
+    find_pg_bindir,
+)
 
 
 def _stack(tmp_path: Path) -> AirflowStack:
@@ -73,3 +82,33 @@ def test_split_api_runs_the_execution_api_in_an_api_server_of_its_own(tmp_path: 
     )
     assert set(one.argvs()) == {"api-server", "scheduler", "dag-processor"}
     assert one.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == f"{one.api}/execution/"
+
+
+@pytest.mark.skipif(find_pg_bindir() is None, reason="needs Debian's PostgreSQL server binaries")
+def test_postgres_restart_stops_the_server_and_serves_the_same_data_again() -> None:
+    # The soak's restart-db fault: every connection closed, the server down, then back on its port.
+    pg = Postgres(say=lambda _: None)
+    try:
+        pg.start()
+        url = pg.new_database()
+        dbname = url.rsplit("/", 1)[1]
+        psql = [str(pg.bindir / "psql"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "airflow", "-d", dbname]
+        subprocess.run([*psql, "-c", "create table t (n int); insert into t values (7)"], check=True)
+        before = pg.proc.pid
+        stopped, ready = pg.restart(0.5)
+        assert pg.proc.pid != before and pg.proc.alive() and not _alive(before)
+        assert stopped < 20 and ready < 30
+        got = subprocess.run(
+            [*psql, "-At", "-c", "select n from t"], capture_output=True, text=True, check=True
+        )
+        assert got.stdout.strip() == "7"
+    finally:
+        pg.stop()
+    assert not pg.root.exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return procfs.stat(pid).state not in ("Z", "X")
+    except procfs.ProcGone:
+        return False

@@ -86,7 +86,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tasks",
         type=int,
         default=DEFAULT_TP_TASKS,
-        help="throughput: how many no-op tasks its DAG has (default %(default)s)",
+        help=(
+            "throughput: how many no-op tasks its DAG has; scale: how many BashOperator jobs "
+            "(default %(default)s)"
+        ),
+    )
+    p.add_argument(
+        "--kills",
+        type=int,
+        default=driver.SCALE_DEFAULT_KILLS,
+        help=(
+            "scale: how many busy LocalExecutor workers are SIGKILLed, spread over the run "
+            "(default %(default)s)"
+        ),
     )
     p.add_argument(
         "--deadline",
@@ -215,6 +227,8 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ToolError(f"--stage must be >= 0, got {args.stage}")
     if args.parallelism < 2:
         raise ToolError("--parallelism must be at least 2 (the scenarios kill a worker)")
+    if args.kills < 0:
+        raise ToolError(f"--kills must be at least 0, got {args.kills}")
     if args.tasks < 1:
         raise ToolError(f"--tasks must be at least 1, got {args.tasks}")
     if args.min_heartbeat_interval is not None and args.min_heartbeat_interval < 1:
@@ -258,6 +272,7 @@ def options_from(args: argparse.Namespace) -> Options:
         task_seconds=args.task_seconds,
         out=args.out.resolve(),
         tasks=args.tasks,
+        kills=args.kills,
         compare=compare,
         rounds=args.rounds,
         min_heartbeat_interval=args.min_heartbeat_interval,
@@ -398,7 +413,15 @@ def parse_stages(text: str) -> list[int | None]:
 
 
 def _cmd_e2e(args: argparse.Namespace) -> int:
-    return run_session(options_from(args))
+    # A SIGTERM (nox's on Ctrl-C, or a kill) must stop the stack too, as main()'s does.
+    old = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        return run_session(options_from(args))
+    except KeyboardInterrupt:
+        print("interrupted; every started process was stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

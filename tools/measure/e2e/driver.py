@@ -119,12 +119,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tools.engine import venvs
-from tools.measure.e2e import apistall, cputime, looptrace, orphan, procfs, throughput, uipoll
+from tools.measure.e2e import (
+    apistall,
+    cputime,
+    looptrace,
+    orphan,
+    procfs,
+    scale,
+    soak_faults,
+    throughput,
+    uipoll,
+)
 from tools.measure.e2e.celery import Redis
 from tools.measure.e2e.judge import N_TASKS, Kill, judge
 from tools.measure.e2e.stack import API_SERVERS, AirflowStack, Postgres, StackConfig, StackError, tail
 from tools.measure.e2e.timeline import format_timeline, rows_from_api, summarize
-from tools.measure.e2e.watch import Json, RestApi, RunWatcher, TaskSnap, WatchResult
+from tools.measure.e2e.watch import FINAL_RUN_STATES, Json, RestApi, RunWatcher, TaskSnap, WatchResult
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT as LAYOUT
@@ -144,6 +154,7 @@ SCENARIOS = (
     "kill-orphan",
     "throughput",
     "queued-timeout",
+    "scale",
 )
 # What runs when no --scenario is given: all but kill-orphan, throughput and queued-timeout (see above).
 DEFAULT_SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader", "sigterm-running")
@@ -212,6 +223,17 @@ THROUGHPUT_DAG_ID = "lepatch_e2e_throughput"
 LONG_DAG_FILE = DAGS_DIR / "lepatch_e2e_long.py"
 LONG_DAG_ID = "lepatch_e2e_long"
 DEFAULT_TP_TASKS = 200
+SCALE_DAG_FILE = DAGS_DIR / "lepatch_e2e_scale.py"
+SCALE_DAG_ID = "lepatch_e2e_scale"
+SCALE_TASKS_ENV = "LEPATCH_E2E_SCALE_TASKS"
+SCALE_DIR_ENV = "LEPATCH_E2E_SCALE_DIR"
+SCALE_JOBS_DIR = "scale-jobs"  # in the scenario's home: a file per job try
+SCALE_DEFAULT_KILLS = 10
+# The jobs last 5-20 s (12.5 s on average); on two shared cores each task's start costs seconds of
+# CPU, and the release fails a killed worker's task only by Airflow's heartbeat timeout.
+SCALE_DEADLINE_BASE = 420.0
+SCALE_DEADLINE_PER_TASK = 2.0
+SCALE_TICK_S = 0.2
 
 
 def dag_for(name: str, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
@@ -228,6 +250,8 @@ def dag_for(name: str, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> D
         return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, tasks)
     if name == "queued-timeout":
         return DagSpec(LONG_DAG_FILE, LONG_DAG_ID, 2 * parallelism)
+    if name == "scale":
+        return DagSpec(SCALE_DAG_FILE, SCALE_DAG_ID, tasks)
     if name == "kill-queued" and parallelism >= MAIN_DAG.n_tasks:
         return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, 4 * parallelism)
     return MAIN_DAG
@@ -243,6 +267,8 @@ def scenario_deadline(name: str, deadline: float, tasks: int = DEFAULT_TP_TASKS)
         return max(deadline, 3 * QT_TASK_SECONDS)
     if name == "throughput":
         return max(deadline, TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks)
+    if name == "scale":
+        return max(deadline, SCALE_DEADLINE_BASE + SCALE_DEADLINE_PER_TASK * tasks)
     return deadline
 
 
@@ -256,6 +282,9 @@ def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str
         env["LEPATCH_E2E_ORPHAN_SECONDS"] = str(ORPHAN_SECONDS)
     if dag.file == THROUGHPUT_DAG_FILE:
         env[TP_TASKS_ENV] = str(dag.n_tasks)
+    if name == "scale":
+        env[SCALE_TASKS_ENV] = str(dag.n_tasks)
+        env[SCALE_DIR_ENV] = str(home / SCALE_JOBS_DIR)
     if name == "queued-timeout":
         env[QT_TASKS_ENV] = str(dag.n_tasks)
         env["AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL"] = f"{QT_CHECK_INTERVAL:g}"
@@ -362,7 +391,8 @@ class Options:
     stop_bound: float
     task_seconds: float
     out: Path
-    tasks: int = DEFAULT_TP_TASKS  # the throughput DAG's task count
+    tasks: int = DEFAULT_TP_TASKS  # the throughput and scale DAGs' task count
+    kills: int = SCALE_DEFAULT_KILLS  # --kills: the scale scenario's worker SIGKILLs
     compare: list[int | None] = field(default_factory=list)  # --compare-stages; None = full series
     rounds: int = 1  # --rounds: the --compare-stages cycle, run this many times (interleaved)
     min_heartbeat_interval: int | None = None  # [workers] min_heartbeat_interval; None: Airflow's
@@ -434,8 +464,11 @@ class Run:
         dag: DagSpec = MAIN_DAG,
         deadline: float | None = None,
         marks: Path | None = None,
+        home: Path | None = None,
     ):
         self.name = name
+        self.home = home or Path(".")  # the scenario's directory (scale: its jobs' records)
+        self.t0_wall = 0.0  # time.time() at the trigger
         self.stack = stack
         self.api = api
         self.opts = opts
@@ -794,6 +827,139 @@ def sigterm_running(run: Run) -> None:
     run.event(f"scheduler started again, pid {proc.pid}")
 
 
+def _alive_as(pid: int, pst: int) -> bool:
+    """Whether ``pid`` is still the process whose /proc starttime was ``pst`` (and not a zombie)."""
+    try:
+        st = procfs.stat(pid)
+    except procfs.ProcGone:
+        return False
+    return (st.starttime == pst or not pst) and st.state not in ("Z", "X")
+
+
+class ScaleWatch:
+    """The scale scenario's eye on the jobs' directory while the run goes: which task has started a
+    job (for the kills' spread), and, the moment a retry's job starts, whether an earlier try's job
+    still lives."""
+
+    def __init__(self, directory: Path, t0_wall: float):
+        self.dir = directory
+        self.t0_wall = t0_wall
+        self.seen: dict[str, scale.JobTry] = {}  # file name -> its job as first read
+        self.started: set[str] = set()  # tasks with a job of any try
+        self.alive_at_retry: list[scale.AliveAtRetry] = []
+
+    def poll(self) -> list[scale.AliveAtRetry]:
+        """Read the files that appeared since the last poll; what a retry's start found alive."""
+        try:
+            names = [n for n in os.listdir(self.dir) if n not in self.seen]
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in sorted(names, key=lambda n: scale.parse_name(n) or ("", 0, 0)):
+            try:
+                job = scale.parse_job(name, (self.dir / name).read_text(errors="replace"))
+            except OSError:
+                continue
+            if job is None or job.start is None:
+                continue  # not written yet: the next poll reads it
+            self.seen[name] = job
+            self.started.add(job.task_id)
+            if job.try_number < 2:
+                continue
+            for earlier in self.seen.values():
+                if earlier.task_id != job.task_id or earlier.try_number >= job.try_number:
+                    continue
+                if _alive_as(earlier.pid, earlier.pst):
+                    a = scale.AliveAtRetry(
+                        time.time(), job.task_id, earlier.try_number, earlier.pid, job.try_number, job.start
+                    )
+                    found.append(a)
+        self.alive_at_retry += found
+        return found
+
+
+def kill_scale(run: Run) -> None:
+    """SIGKILL ``--kills`` busy workers spread over the run (the i-th once enough tasks have started
+    a job), each one whose BashOperator job runs; meanwhile, watch each retry's start."""
+    jobs = run.home / SCALE_JOBS_DIR
+    watch = ScaleWatch(jobs, run.t0_wall)
+    run.extra["scale_watch"] = watch
+    thresholds = scale.kill_thresholds(run.dag.n_tasks, run.opts.kills)
+    kills: list[Json] = []
+    run.extra["scale_kills"] = kills
+    sched = run.stack.scheduler_pid
+    while not run.done.is_set() and run.remaining() > 0:
+        last = run.watcher.last
+        if last is not None and last.run_state in FINAL_RUN_STATES:
+            watch.poll()
+            break
+        for a in watch.poll():
+            run.event(
+                f"{a.task_id}: try {a.try_number}'s job {a.pid} alive as try {a.retry} starts "
+                f"({a.t - a.retry_start:.1f} s after its start)"
+            )
+        if len(kills) < len(thresholds) and len(watch.started) >= thresholds[len(kills)]:
+            stats = procfs.all_stats()
+            busy = [
+                w
+                for w in procfs.workers_of(sched)
+                if w.busy_with and any(procfs.children(c, stats) for c in w.children)
+            ]
+            w = soak_faults.choose(len(kills) * 2654435761, busy, key=lambda w: w.pid)
+            if w is not None:
+                below = procfs.descendants(w.pid, stats)
+                procfs.send(w.pid, signal.SIGKILL)
+                kills.append(
+                    {"t": round(run.t(), 2), "worker": w.pid, "ti_id": w.busy_with, "below": sorted(below)}
+                )
+                run.event(
+                    f"kill {len(kills)} of {len(thresholds)} ({len(watch.started)} tasks started): SIGKILL "
+                    f"worker {w.pid} running {w.busy_with} (below it: {', '.join(map(str, sorted(below)))})"
+                )
+        time.sleep(SCALE_TICK_S)
+    if len(kills) < len(thresholds):
+        run.event(f"only {len(kills)} of {len(thresholds)} kills landed before the run ended")
+
+
+def measure_scale(run: Run, tasks: Mapping[str, TaskSnap], final: bool, stop_info: Json) -> list[str]:
+    """After the stack stopped: the jobs' records, what was left alive (named, then killed), the verdict."""
+    jobs_dir = run.home / SCALE_JOBS_DIR
+    watch: ScaleWatch | None = run.extra.pop("scale_watch", None)
+    jobs = scale.read_jobs(jobs_dir)
+    left = [
+        f"job {j.task_id} try {j.try_number} pid {j.pid} ({_title_or_gone(j.pid)})"
+        for j in jobs
+        if not j.ended and j.pst and _alive_as(j.pid, j.pst)
+    ]
+    procfs.kill_pids([j.pid for j in jobs if not j.ended and j.pst and _alive_as(j.pid, j.pst)])
+    if killed := (stop_info.get("leftover_pids_killed") or {}).get("pids"):
+        left.append(f"{len(killed)} process(es) of the stack the stop had to kill: {killed[:10]}")
+    verdict = scale.judge(
+        {tid: ts.state for tid, ts in tasks.items()},
+        run.dag.n_tasks,
+        final,
+        jobs,
+        watch.alive_at_retry if watch else [],
+        left,
+        len(run.extra.get("scale_kills", [])),
+        t0=run.t0_wall,
+        kills_asked=run.opts.kills,
+    )
+    run.extra["scale"] = verdict.as_json()
+    c = verdict.counts
+    run.extra["scale_summary"] = (
+        f"{verdict.tis} task instances {verdict.states}, {verdict.jobs} job tries, {verdict.retried} tasks "
+        f"retried, {verdict.kills} workers killed; not terminal {c['not-terminal']}, overlaps "
+        f"{c['overlap']}, alive after retry {c['alive-after-retry']}, left {c['left']}, "
+        f"without a job {c['no-job']}"
+    )
+    for v in verdict.violations[:20]:
+        run.say(f"   {v.text()}")
+    if len(verdict.violations) > 20:
+        run.say(f"   ... {len(verdict.violations) - 20} more in the report")
+    return verdict.failures()
+
+
 def stuck_in_queued(scheduler_log: Path) -> tuple[int, int]:
     """How many times the scheduler's stuck-in-queued check requeued a task, and failed one."""
     try:
@@ -1016,6 +1182,7 @@ DURING: dict[str, Callable[[Run], None]] = {
     "kill-queued": kill_queued,
     "kill-orphan": kill_orphan,
     "sigterm-running": sigterm_running,
+    "scale": kill_scale,
 }
 BEFORE: dict[str, Callable[[Run], None]] = {"kill-idle-reader": kill_idle_reader}
 
@@ -1063,6 +1230,10 @@ class ScenarioRunner:
             cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
             # 16 workers' task processes and a loaded machine: 5 s of SQLite lock wait is not enough.
             cfg.sqlite_busy_timeout = TP_SQLITE_BUSY_TIMEOUT
+        if name == "scale":
+            (home / SCALE_JOBS_DIR).mkdir(parents=True, exist_ok=True)  # the jobs write into it
+            # Airflow's own task_queued_timeout (600 s): 500 tasks at 64 queue deeper than the e2e's 30 s.
+            cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
         if name == "queued-timeout":
             cfg.task_seconds = QT_TASK_SECONDS
             cfg.task_queued_timeout = QT_QUEUED_TIMEOUT
@@ -1075,8 +1246,8 @@ class ScenarioRunner:
         else:
             stack = AirflowStack(cfg, self.say)
         api = RestApi(stack.api)
-        run = Run(name, stack, api, self.opts, self.say, dag=dag, deadline=deadline, marks=marks)
-        if name == "throughput":
+        run = Run(name, stack, api, self.opts, self.say, dag=dag, deadline=deadline, marks=marks, home=home)
+        if name in ("throughput", "scale"):
             run.watcher.interval = TP_POLL_INTERVAL
         timings: dict[str, float | None] = {"deadline_s": deadline}
         failures: list[str] = []
@@ -1092,7 +1263,9 @@ class ScenarioRunner:
         poller: uipoll.UiPoller | None = None
         left_running: list[str] | None = None
         t0_wall = datetime.now(timezone.utc)
-        size = f"{dag.n_tasks} tasks, " if name == "throughput" else ""
+        size = f"{dag.n_tasks} tasks, " if name in ("throughput", "scale") else ""
+        if name == "scale":
+            size += f"{self.opts.kills} worker kills, "
         self.say(
             f"\n== {name} ({size}{self.opts.db}, parallelism {self.opts.parallelism}, "
             f"deadline {deadline:g} s)"
@@ -1117,6 +1290,7 @@ class ScenarioRunner:
                 cpu_marks.append(cputime.take(cpu_roots))
             t0_wall = datetime.now(timezone.utc)
             run.watcher.start_clock()
+            run.t0_wall = time.time()
             if run.kill is not None and name in BEFORE:
                 run.kill.t = round(run.extra.pop("kill_monotonic") - run.watcher.t0, 2)
                 run.events.append(
@@ -1154,17 +1328,23 @@ class ScenarioRunner:
             if tis:
                 tasks = {d["task_id"]: TaskSnap.from_api(d) for d in tis}
             for task_id, ts in tasks.items():
+                if name == "scale":
+                    break  # its jobs' own records are the evidence: no API call per retried task
                 if ts.try_number > 1 or (run.kill and run.kill.task_id == task_id):
                     tries[task_id] = _safe(partial(api.tries, dag.dag_id, run.run_id, task_id))
-            failures += judge(
-                name,
-                watch,
-                deadline,
-                tasks,
-                tries,
-                run.kill,
-                n_tasks=dag.n_tasks,
-                running_at_sigterm=run.extra.get("running_at_sigterm", ()),
+            failures += (
+                []
+                if name == "scale"
+                else judge(
+                    name,
+                    watch,
+                    deadline,
+                    tasks,
+                    tries,
+                    run.kill,
+                    n_tasks=dag.n_tasks,
+                    running_at_sigterm=run.extra.get("running_at_sigterm", ()),
+                )
             )
             failures += run.failures
             if name == "kill-orphan":
@@ -1215,6 +1395,22 @@ class ScenarioRunner:
                 run.event(f"stuck in queued (scheduler log): {requeued} requeued, {failed} failed")
             if stop_info.get("leftover_pids_killed"):
                 self.say(f"  killed leftover processes: {stop_info['leftover_pids_killed']['pids']}")
+        if name == "scale":
+            failures += measure_scale(run, tasks, bool(watch and watch.final), stop_info)
+            self.say(
+                "\n"
+                + scale.table(
+                    f"scale: {dag.n_tasks} BashOperator jobs at parallelism {self.opts.parallelism}, "
+                    f"{self.opts.kills} worker kills, {self.opts.line.label}, {self.opts.db}",
+                    [
+                        (
+                            stage_label(self.opts.stage, self.opts.executor),
+                            run.extra["scale"],
+                            timings.get("run_s"),
+                        )
+                    ],
+                )
+            )
         # where task-sdk's supervisor logs ("Workload finished", its client's retries): the executor's worker
         supervisor_log = (
             home / "logs" / ("celery-worker-1.log" if self.opts.executor == "celery" else "scheduler.log")
@@ -1600,7 +1796,29 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
             out[f"{name} loops"] = looptrace.compare(traced, f"{name}: the scheduler's loops (loop trace)")
         if table := api_stall_table(opts, reports, name):
             out[f"{name} api"] = table
+        if name == "scale":
+            out[name] = scale_table(opts, reports)
     return out
+
+
+def scale_table(opts: Options, reports: Sequence[Json]) -> str:
+    """The scale scenario's verdict, one line per stage and round."""
+    rows: list[tuple[str, Json | None, float | None]] = []
+    for stage, runs, _ in _stage_runs(reports, "scale"):
+        for n, sc in enumerate(runs, 1):
+            label = stage_label(stage, opts.executor) + (f" r{n}" if len(runs) > 1 else "")
+            rows.append(
+                (
+                    label,
+                    ((sc or {}).get("extra") or {}).get("scale"),
+                    ((sc or {}).get("timings") or {}).get("run_s"),
+                )
+            )
+    return scale.table(
+        f"scale: {opts.tasks} BashOperator jobs at parallelism {opts.parallelism}, "
+        f"{opts.kills} worker kills, {opts.line.label}, {opts.db}; checks counted per stage",
+        rows,
+    )
 
 
 def api_stall_table(opts: Options, reports: Sequence[Json], name: str) -> str | None:
@@ -1656,6 +1874,7 @@ def summary_table(opts: Options, label: str, results: Iterable[ScenarioResult]) 
             "cpu_summary",
             "api_stall_summary",
             "celery_summary",
+            "scale_summary",
         ):
             if r.extra.get(key):
                 lines.append(f"{r.name}: {r.extra[key]}")

@@ -325,6 +325,8 @@ class StageSoak:
             if not sched.alive():
                 return None
             return self._restart_scheduler(sigterm=True)
+        if fault.kind == soak_faults.RESTART_DB:
+            return self._restart_db(fault.pause_s)
         raise ValueError(f"unknown fault kind {fault.kind}")
 
     def _pause_api(self, seconds: float) -> str | None:
@@ -341,6 +343,20 @@ class StageSoak:
             self._cont_timer.daemon = True
             self._cont_timer.start()
         return f"SIGSTOP api-server group {api.pid} for {seconds:.1f} s"
+
+    def _restart_db(self, down_s: float) -> str | None:
+        """Stop PostgreSQL (fast shutdown: every connection of every component closed), keep it down
+        ``down_s``, start it again. What the components do meanwhile is theirs: one that exits is
+        started again by ``_supervise`` and counted as Airflow's own failure."""
+        if not self.pg.proc.alive():
+            return None
+        pid = self.pg.proc.pid
+        stopped, ready = self.pg.restart(down_s)
+        self._restarted("postgres", "fault")
+        return (
+            f"PostgreSQL {pid} stopped (fast) in {stopped:.1f} s, down {down_s:.1f} s, "
+            f"ready again in {ready:.1f} s (pid {self.pg.proc.pid})"
+        )
 
     def _resume_api(self) -> None:
         with self._pause_lock:
@@ -636,6 +652,7 @@ KIND_COLS = {
     "kill-task": "kill-task",
     "restart-scheduler": "restart",
     "pause-api": "pause",
+    "restart-db": "db",
 }
 INVARIANT_COLS = {
     "terminal": "terminal",

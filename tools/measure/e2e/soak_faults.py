@@ -5,7 +5,8 @@ seeded with ``"<seed>:<kind>"`` (a string seed is hashed with SHA-512 by ``rando
 every machine and Python): changing one kind's rate leaves the others' times where they were.
 A fault carries ``pick``, a number fixed by the seed that chooses its target among the live
 candidates at the moment it lands (``choose``: the candidates sorted by pid, ``pick`` modulo their
-count), and for ``pause-api`` how long the api-server stays stopped.
+count), and for ``pause-api`` how long the api-server stays stopped, for ``restart-db`` how long
+PostgreSQL stays down.
 
 Which process is live when a fault lands is up to the stack, not the seed: the schedule (times,
 kinds, picks, pauses) is exact on replay, the pid it hits is the ``pick``-th of what is there.
@@ -22,13 +23,23 @@ KILL_WORKER = "kill-worker"  # SIGKILL a LocalExecutor worker (a busy one if any
 KILL_TASK = "kill-task"  # SIGKILL a task process (a worker's child)
 RESTART_SCHEDULER = "restart-scheduler"  # SIGTERM the scheduler, wait for it, start it again
 PAUSE_API = "pause-api"  # SIGSTOP the api-server's process group, SIGCONT it after ``pause_s``
-KINDS = (KILL_WORKER, KILL_TASK, RESTART_SCHEDULER, PAUSE_API)
+RESTART_DB = "restart-db"  # stop PostgreSQL (fast shutdown), start it again ``pause_s`` later
+KINDS = (KILL_WORKER, KILL_TASK, RESTART_SCHEDULER, PAUSE_API, RESTART_DB)
 
 # Faults per minute of each kind when --fault-rate is not given: 11/min, so a 10-minute soak
 # meets about 110. A scheduler restart costs the machine a scheduler start-up (~10 s of one core
 # here), so it is the rarest; killing a task or a worker costs a retry.
-DEFAULT_RATES: dict[str, float] = {KILL_WORKER: 4.0, KILL_TASK: 4.0, PAUSE_API: 2.0, RESTART_SCHEDULER: 1.0}
+# A database restart is asked for by name (``--fault-rate restart-db=0.5``): at 0 by default, so a
+# bare total spreads as it did before the kind existed and an old seed replays the same schedule.
+DEFAULT_RATES: dict[str, float] = {
+    KILL_WORKER: 4.0,
+    KILL_TASK: 4.0,
+    PAUSE_API: 2.0,
+    RESTART_SCHEDULER: 1.0,
+    RESTART_DB: 0.0,
+}
 PAUSE_RANGE_S = (2.0, 6.0)  # how long a pause-api keeps the api-server stopped (uniform)
+DB_DOWN_RANGE_S = (2.0, 10.0)  # how long a restart-db keeps PostgreSQL down (uniform)
 WARMUP_S = 10.0  # no fault before this many seconds into the soak: the first runs get going
 
 
@@ -41,7 +52,7 @@ class Fault:
     t: float  # seconds after the soak's start
     kind: str
     pick: int  # chooses the target among the live candidates (``choose``)
-    pause_s: float = 0.0  # pause-api only
+    pause_s: float = 0.0  # pause-api: the api-server stopped; restart-db: the database down
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,7 +97,11 @@ def schedule(seed: int, duration: float, rates: Mapping[str, float], warmup: flo
             if t >= duration:
                 break
             pick = rng.getrandbits(32)
-            pause = round(rng.uniform(*PAUSE_RANGE_S), 2) if kind == PAUSE_API else 0.0
+            pause = 0.0
+            if kind == PAUSE_API:
+                pause = round(rng.uniform(*PAUSE_RANGE_S), 2)
+            elif kind == RESTART_DB:
+                pause = round(rng.uniform(*DB_DOWN_RANGE_S), 2)
             out.append(Fault(round(t, 3), kind, pick, pause))
     return sorted(out, key=lambda f: (f.t, KINDS.index(f.kind)))
 

@@ -193,6 +193,9 @@ class Postgres:
             "-c",
             "max_connections=200",
         ]
+        self._launch()
+
+    def _launch(self) -> None:
         self.proc.start(
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
             cwd=self.root,
@@ -210,6 +213,17 @@ class Postgres:
                 return
             time.sleep(0.2)
         raise StackError(f"postgres not ready after 30 s:\n{tail(self.proc.log)}")
+
+    def restart(self, down_s: float) -> tuple[float, float]:
+        """Stop the server as ``pg_ctl stop -m fast`` does (SIGINT: every connection closed), keep it
+        down ``down_s`` seconds, start it again on the same port and data; (seconds to stop, to be ready)."""
+        t0 = time.monotonic()
+        self.proc.stop(signal.SIGINT, timeout=20)
+        stopped = time.monotonic() - t0
+        time.sleep(down_s)
+        t1 = time.monotonic()
+        self._launch()
+        return stopped, time.monotonic() - t1
 
     def new_database(self) -> str:
         """A fresh database per stack; returns its SQLAlchemy URL."""
