@@ -119,7 +119,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tools.engine import venvs
-from tools.measure.e2e import apistall, cputime, looptrace, orphan, procfs, throughput, uipoll
+from tools.measure.e2e import apistall, cputime, looptrace, orphan, procfs, slots, throughput, uipoll
 from tools.measure.e2e.celery import Redis
 from tools.measure.e2e.judge import N_TASKS, Kill, judge
 from tools.measure.e2e.stack import API_SERVERS, AirflowStack, Postgres, StackConfig, StackError, tail
@@ -1232,6 +1232,9 @@ class ScenarioRunner:
             run.extra["throughput"] = fig.as_json()
             run.extra["throughput_summary"] = fig.text()
             run.event(f"throughput: {fig.text()}")
+            if slot_fig := slots.figures(throughput_tis, self.opts.parallelism):
+                run.extra["slots"] = slot_fig.as_json()
+                run.event(slot_fig.text())
             if len(cpu_marks) == 2:
                 loops = run.extra.get("loops")
                 cpu = cputime.figures(
@@ -1590,6 +1593,17 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                 + (f"; medians of {n} rounds" if n > 1 else "")
             )
             out[name] = throughput.compare(rows, title)
+            slot_rows = [
+                (
+                    stage_label(stage, opts.executor),
+                    [slots.SlotFigures(**sc["extra"]["slots"]) for sc in ok if sc["extra"].get("slots")],
+                )
+                for stage, _, ok in _stage_runs(reports, name)
+            ]
+            if any(figs for _, figs in slot_rows):
+                out[f"{name} slots"] = slots.compare(
+                    slot_rows, f"{name}: where the slots' time goes (slots.py)"
+                )
             if cpu := cpu_rows(opts, reports, name):
                 out[f"{name} cpu"] = cputime.compare(
                     cpu,

@@ -24,7 +24,6 @@ import operator
 import os
 import signal
 import sys
-import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import ExitStack
