@@ -229,8 +229,8 @@ LINES: tuple[Line, ...] = (
         },
         auth_source_sha256="e427c76d91ed2fa153d54d02bef72b996243e2cb376b5ab75b4628dfe156ca36",
         core_sources={
-            SCHEDULER.name: "f70cb02c32d618dcbc94a9898dd0c40fb68aca607020258404f6ca580bca1873",
-            BASE_EXECUTOR.name: "d19865501f52444d1eb1f36f898faaaf1927d85ae0d60e2e8c34cfe801675518",
+            "scheduler_job_runner.py": "f70cb02c32d618dcbc94a9898dd0c40fb68aca607020258404f6ca580bca1873",
+            "base_executor.py": "d19865501f52444d1eb1f36f898faaaf1927d85ae0d60e2e8c34cfe801675518",
         },
     ),
     Line(
@@ -261,8 +261,8 @@ LINES: tuple[Line, ...] = (
         },
         auth_source_sha256="2847e49d4425e526ecb5c4f73571f0fc14d1ad133ba0569782504d0f9b0ed516",
         core_sources={
-            SCHEDULER.name: "60bd40cf1e21eb36ff598fb35f0cde699e5c166af9905abb5cba8ffee3390eb2",
-            BASE_EXECUTOR.name: "9d0cac7b9ab07ed17def7dbd2acffdea38de194b225f356ff27ec7d750fd22ad",
+            "scheduler_job_runner.py": "60bd40cf1e21eb36ff598fb35f0cde699e5c166af9905abb5cba8ffee3390eb2",
+            "base_executor.py": "9d0cac7b9ab07ed17def7dbd2acffdea38de194b225f356ff27ec7d750fd22ad",
         },
     ),
     Line(
@@ -296,8 +296,8 @@ LINES: tuple[Line, ...] = (
             "3.1.8": "1.1.8",
         },
         core_sources={
-            SCHEDULER.name: "a2fccfb7a012ba6091f6e83c63054885bdabb4113cb67f4dba193073d6304acb",
-            BASE_EXECUTOR.name: "5ba1d7b995eade6efe8bea9a5c7fd81bc2c531957c3b4e781d852b655dae95c0",
+            "scheduler_job_runner.py": "a2fccfb7a012ba6091f6e83c63054885bdabb4113cb67f4dba193073d6304acb",
+            "base_executor.py": "5ba1d7b995eade6efe8bea9a5c7fd81bc2c531957c3b4e781d852b655dae95c0",
         },
     ),
     Line(
@@ -315,8 +315,8 @@ LINES: tuple[Line, ...] = (
         },
         auth_source_sha256="41821d2a7e9389a56aacdce403de5d6fd6ffe7684911430fca1d392baec79593",
         core_sources={
-            SCHEDULER.name: "6ed329578011bcd35737795c161b00ec303ad7e2405b54334c19f6fbd3793da1",
-            BASE_EXECUTOR.name: "c9b702c43f446b4d6106178fca2ba35d407956d7a094cfaee184839aab6142c1",
+            "scheduler_job_runner.py": "6ed329578011bcd35737795c161b00ec303ad7e2405b54334c19f6fbd3793da1",
+            "base_executor.py": "c9b702c43f446b4d6106178fca2ba35d407956d7a094cfaee184839aab6142c1",
         },
     ),
 )
