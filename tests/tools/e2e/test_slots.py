@@ -93,3 +93,13 @@ def test_rounds_fold_into_one_row_with_the_highest_peak() -> None:
     assert lines[3].split()[:3] == ["stage", "12", "2"] and "ABOVE parallelism" in lines[3]
     assert "(no figures)" in lines[4]
     assert slots.SlotFigures(**a.as_json()) == slots.SlotFigures(**{**a.as_json()})
+
+
+def test_a_task_failed_before_it_started_is_left_out_of_the_peak() -> None:
+    # Its end is the scheduler's record of the executor's failure event, after the slot went on.
+    failed = {**_ti(0, None, 2.5), "state": "failed"}
+    fig = slots.figures([failed, _ti(2, 2.2, 4)], parallelism=1)
+    assert fig is not None
+    assert (fig.in_flight_max, fig.in_flight_max_all, fig.failed_unstarted) == (1, 2, 1)
+    assert not fig.over_parallelism
+    assert "1 failed unstarted, max 2 with them" in fig.text()

@@ -25,6 +25,12 @@ records a task's end before its executor frees the slot; the unpatched 3.1-3.3 r
 when the worker takes the workload, and goes past it. What the database cannot tell (which worker
 ran which task, when the executor read a result) is not guessed: the gap is the whole interval from
 an end to the next queueing.
+
+A task instance that failed before it started (its task process never reported a start) has an
+``end_date`` the scheduler writes when it processes the executor's failure event, after the
+executor freed its slot and possibly after that slot was handed on: it is left out of the peak,
+which then counts only what the database knows the executor held (``in flight max``), and the peak
+with it is shown beside it (``in_flight_max_all``).
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ class SlotFigures:
     refill_gap: float
     in_flight_mean: float
     in_flight_max: int
+    # The peak with the task instances that failed before they started (see the module's docstring).
+    in_flight_max_all: int = 0
+    failed_unstarted: int = 0
 
     @property
     def over_parallelism(self) -> bool:
@@ -63,6 +72,11 @@ class SlotFigures:
             f"handed over {self.handed_over:.1f}, refill gap (end -> next queued) {self.refill_gap:.1f}, "
             f"idle {self.idle:.1f}; in flight (queued -> end) mean {self.in_flight_mean:.1f}, "
             f"max {self.in_flight_max} ({over} parallelism)"
+            + (
+                f"; {self.failed_unstarted} failed unstarted, max {self.in_flight_max_all} with them"
+                if self.failed_unstarted
+                else ""
+            )
         )
 
 
@@ -71,11 +85,14 @@ def figures(tis: Iterable[dict[str, Any]], parallelism: int) -> SlotFigures | No
     # Per task instance: when it became ready (scheduled_when, else the window's start), queued,
     # started, ended; a step it never reached lasts to the window's end.
     rows: list[tuple[datetime | None, datetime, datetime | None, datetime | None]] = []
+    unstarted_failed: set[int] = set()
     for d in tis:
         q = parse_ts(d.get("queued_when"))
         if q is None:
             continue
         sch, s, e = (parse_ts(d.get(k)) for k in ("scheduled_when", "start_date", "end_date"))
+        if s is None and d.get("state") == "failed":
+            unstarted_failed.add(len(rows))
         rows.append((sch, q, s, e))
     if not rows:
         return None
@@ -87,18 +104,24 @@ def figures(tis: Iterable[dict[str, Any]], parallelism: int) -> SlotFigures | No
     def at(t: datetime | None, default: float) -> float:
         return default if t is None else min(max((t - t0).total_seconds(), 0.0), window)
 
-    # Step changes: (time, d_waiting, d_handed, d_running); every interval is [from, to).
-    changes: list[tuple[float, int, int, int]] = []
-    for sch, q, s, e in rows:
+    # Step changes: (time, d_waiting, d_handed, d_running, d_uncertain); every interval is [from, to).
+    changes: list[tuple[float, int, int, int, int]] = []
+    for n, (sch, q, s, e) in enumerate(rows):
         ready, queued = at(sch, 0.0), at(q, 0.0)
         ended = max(at(e, window), queued)
         # never started: handed over until it ended (or the window did)
         started = min(max(at(s, ended), queued), ended)
-        changes += [(min(ready, queued), 1, 0, 0), (queued, -1, 1, 0), (started, 0, -1, 1), (ended, 0, 0, -1)]
+        u = 1 if n in unstarted_failed else 0
+        changes += [
+            (min(ready, queued), 1, 0, 0, 0),
+            (queued, -1, 1, 0, u),
+            (started, 0, -1, 1, 0),
+            (ended, 0, 0, -1, -u),
+        ]
     changes.sort()
     totals = {"idle": 0.0, "handed": 0.0, "running": 0.0, "gap": 0.0, "flight": 0.0}
-    waiting = handed = running = 0
-    peak = 0
+    waiting = handed = running = uncertain = 0
+    peak = peak_all = 0
     prev = 0.0
     i = 0
     while i < len(changes):
@@ -116,10 +139,11 @@ def figures(tis: Iterable[dict[str, Any]], parallelism: int) -> SlotFigures | No
         # Apply every change at this instant before reading the peak: an end and a queueing at the
         # same timestamp are one slot handed on, not two in flight.
         while i < len(changes) and changes[i][0] == t:
-            _, dw, dh, dr = changes[i]
-            waiting, handed, running = waiting + dw, handed + dh, running + dr
+            _, dw, dh, dr, du = changes[i]
+            waiting, handed, running, uncertain = waiting + dw, handed + dh, running + dr, uncertain + du
             i += 1
-        peak = max(peak, handed + running)
+        peak = max(peak, handed + running - uncertain)
+        peak_all = max(peak_all, handed + running)
         prev = t
     scale = 1 / window if window > 0 else 0.0
     return SlotFigures(
@@ -131,6 +155,8 @@ def figures(tis: Iterable[dict[str, Any]], parallelism: int) -> SlotFigures | No
         refill_gap=totals["gap"] * scale,
         in_flight_mean=totals["flight"] * scale,
         in_flight_max=peak,
+        in_flight_max_all=peak_all,
+        failed_unstarted=len(unstarted_failed),
     )
 
 
@@ -139,6 +165,8 @@ def median_of(figs: Sequence[SlotFigures]) -> SlotFigures:
     return SlotFigures(
         parallelism=figs[0].parallelism,
         in_flight_max=max(f.in_flight_max for f in figs),
+        in_flight_max_all=max(f.in_flight_max_all for f in figs),
+        failed_unstarted=max(f.failed_unstarted for f in figs),
         **{
             k: statistics.median(getattr(f, k) for f in figs)
             for k in ("window_s", "idle", "handed_over", "running", "refill_gap", "in_flight_mean")
