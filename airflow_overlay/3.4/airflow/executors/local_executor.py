@@ -518,8 +518,8 @@ class LocalExecutor(BaseExecutor):
 
     def event_waitables(self) -> list[Connection]:
         """Each worker's results pipe: readable once a frame is there for ``sync()`` to read."""
-        # A worker's exit is not waited on: a task process it forked keeps both its sentinel and its pipe
-        # open. sync() sees it on the scheduler's next loop, as before.
+        # Not a worker's exit: a task process it forked keeps its sentinel and its pipe open after it died.
+        # sync() finds a dead worker on the scheduler's next loop.
         return list(self._outputs.values())
 
     @_held_off()
