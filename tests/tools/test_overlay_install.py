@@ -512,7 +512,11 @@ def test_a_file_pinned_on_base_only_may_be_missing_from_the_installed_core(
 ) -> None:
     """A core release without base_auth_manager.py is inspected as one without it; a file whose
     pin carries no ``pinned_on_base_only`` missing from its installed distribution is refused."""
-    assert [f for f in pins.UPSTREAM_FILES if f.pinned_on_base_only] == [pins.AUTH_MANAGER]
+    assert [f for f in pins.UPSTREAM_FILES if f.pinned_on_base_only] == [
+        pins.AUTH_MANAGER,
+        pins.SCHEDULER,
+        pins.BASE_EXECUTOR,
+    ]
     python, _ = fake_env(tmp_path / "env", LINE.version, b"# stand-in local_executor.py\n")
     inst = make(python, tmp_path / "overlay", tmp_path)
     auth = next(i for i in inst.inspect().files if i.file is pins.AUTH_MANAGER)

@@ -230,6 +230,7 @@ def test_bump_to_a_final_release_with_the_same_file(
         "sdk_release_sources": {},
         "core_sdk": {},
         "auth_source_sha256": "",
+        "core_sources": {},
     }
     text = out.getvalue()
     assert (

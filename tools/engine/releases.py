@@ -265,6 +265,11 @@ def bump(
         if line.auth_source_sha256
         else ""
     )
+    core_sources = {
+        f.name: fetch.sha256_bytes(fetch.read_source(wheel, f.package_path))
+        for f in (pins.SCHEDULER, pins.BASE_EXECUTOR)
+        if f.name in line.core_sources
+    }
     new = dataclasses.replace(
         line,
         version=version,
@@ -273,10 +278,14 @@ def bump(
         covers=covers,
         prerelease=is_prerelease(version),
         auth_source_sha256=auth,
+        core_sources=core_sources,
     )
     notes = [f"{line.label} -> {new.label}: wheel {new.wheel_sha256[:12]}, {pins.PACKAGE_PATH} {source[:12]}"]
     if auth and auth != line.auth_source_sha256:
         notes.append(f"{pins.AUTH_MANAGER.package_path} differs from {line.version}'s: {auth[:12]}")
+    for name, digest in core_sources.items():
+        if digest != line.core_sources[name]:
+            notes.append(f"{name} differs from {line.version}'s: {digest[:12]}")
     if same:
         notes.append(f"same {pins.PACKAGE_PATH} as {line.version}: covers {', '.join(covers)}")
     else:

@@ -65,7 +65,27 @@ AUTH_MANAGER = UpstreamFile(
     tests_dir="tests/api_server",
     pinned_on_base_only=True,
 )
-UPSTREAM_FILES: tuple[UpstreamFile, ...] = (EXECUTOR, SUPERVISOR, AUTH_MANAGER)
+# The scheduler's loop and the executors' base class (apache-airflow-core, beside the executor): the
+# scheduler's idle sleep waits on what the executors say will have news (patch 12).
+SCHEDULER = UpstreamFile(
+    name="scheduler_job_runner.py",
+    distribution=DISTRIBUTION,
+    package_path="airflow/jobs/scheduler_job_runner.py",
+    repo_path="airflow-core/src/airflow/jobs/scheduler_job_runner.py",
+    repo_tests_dir="airflow-core/tests/unit/jobs/scheduler_idle_wait",
+    tests_dir="tests/scheduler",
+    pinned_on_base_only=True,
+)
+BASE_EXECUTOR = UpstreamFile(
+    name="base_executor.py",
+    distribution=DISTRIBUTION,
+    package_path="airflow/executors/base_executor.py",
+    repo_path="airflow-core/src/airflow/executors/base_executor.py",
+    repo_tests_dir="airflow-core/tests/unit/executors/base_executor",
+    tests_dir="tests/base_executor",
+    pinned_on_base_only=True,
+)
+UPSTREAM_FILES: tuple[UpstreamFile, ...] = (EXECUTOR, SUPERVISOR, AUTH_MANAGER, SCHEDULER, BASE_EXECUTOR)
 
 
 def upstream_file(repo_path: str) -> UpstreamFile | None:
@@ -120,6 +140,9 @@ class Line:
     # revoked tokens (3.2+); "" where the series leaves the file alone. The line's other core
     # releases ship other versions of it: only the base's is patched (docs/releases.md).
     auth_source_sha256: str = ""
+    # sha256 of the base release's scheduler_job_runner.py and base_executor.py (``SCHEDULER.name``,
+    # ``BASE_EXECUTOR.name`` -> sha256); like the API server's file, only the base's is patched.
+    core_sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -146,6 +169,9 @@ class Line:
             )
         if self.auth_source_sha256:
             out.append(Pin(AUTH_MANAGER, self.version, self.wheel_sha256, self.auth_source_sha256, {}))
+        for f in (SCHEDULER, BASE_EXECUTOR):
+            if f.name in self.core_sources:
+                out.append(Pin(f, self.version, self.wheel_sha256, self.core_sources[f.name], {}))
         return tuple(out)
 
     def pin(self, file: UpstreamFile) -> Pin | None:
@@ -202,6 +228,10 @@ LINES: tuple[Line, ...] = (
             "3.3.2": "1.3.2",
         },
         auth_source_sha256="e427c76d91ed2fa153d54d02bef72b996243e2cb376b5ab75b4628dfe156ca36",
+        core_sources={
+            "scheduler_job_runner.py": "f70cb02c32d618dcbc94a9898dd0c40fb68aca607020258404f6ca580bca1873",
+            "base_executor.py": "d19865501f52444d1eb1f36f898faaaf1927d85ae0d60e2e8c34cfe801675518",
+        },
     ),
     Line(
         name="3.2",
@@ -230,6 +260,10 @@ LINES: tuple[Line, ...] = (
             "3.2.2": "1.2.2",
         },
         auth_source_sha256="2847e49d4425e526ecb5c4f73571f0fc14d1ad133ba0569782504d0f9b0ed516",
+        core_sources={
+            "scheduler_job_runner.py": "60bd40cf1e21eb36ff598fb35f0cde699e5c166af9905abb5cba8ffee3390eb2",
+            "base_executor.py": "9d0cac7b9ab07ed17def7dbd2acffdea38de194b225f356ff27ec7d750fd22ad",
+        },
     ),
     Line(
         name="3.1",
@@ -261,6 +295,10 @@ LINES: tuple[Line, ...] = (
             "3.1.7": "1.1.7",
             "3.1.8": "1.1.8",
         },
+        core_sources={
+            "scheduler_job_runner.py": "a2fccfb7a012ba6091f6e83c63054885bdabb4113cb67f4dba193073d6304acb",
+            "base_executor.py": "5ba1d7b995eade6efe8bea9a5c7fd81bc2c531957c3b4e781d852b655dae95c0",
+        },
     ),
     Line(
         name="3.4",
@@ -276,6 +314,10 @@ LINES: tuple[Line, ...] = (
             "3.4.0b2": "1.4.0b2",
         },
         auth_source_sha256="41821d2a7e9389a56aacdce403de5d6fd6ffe7684911430fca1d392baec79593",
+        core_sources={
+            "scheduler_job_runner.py": "6ed329578011bcd35737795c161b00ec303ad7e2405b54334c19f6fbd3793da1",
+            "base_executor.py": "c9b702c43f446b4d6106178fca2ba35d407956d7a094cfaee184839aab6142c1",
+        },
     ),
 )
 

@@ -41,9 +41,13 @@ def test_the_full_series_on_another_release_carries_its_task_sdks_own_supervisor
     own = LAYOUT.overlay / "3.3" / apply.sdk_release_dir("1.3.0") / SUP
     assert files[SUP] == own.read_bytes() != LAYOUT.overlay_files("3.3")[SUP]
     assert files[pins.PACKAGE_PATH] == LAYOUT.overlay_files("3.3")[pins.PACKAGE_PATH]
+    # 3.3.0 ships its own scheduler, base executor and auth manager: the base's patched ones stay out
+    assert not {pins.SCHEDULER.package_path, pins.BASE_EXECUTOR.package_path} & set(files)
     assert "task-sdk 1.3.0" in label and origin == "airflow_overlay/3.3/task-sdk-1.3.0"
     # task-sdk 1.1.6 ships 1.1.8's supervisor.py: the line's own overlay
-    assert stage_sources(L31, None, "3.1.6")[0] == LAYOUT.overlay_files("3.1")
+    base_only = {f.package_path for f in pins.UPSTREAM_FILES if f.pinned_on_base_only}
+    on_316 = {p: d for p, d in LAYOUT.overlay_files("3.1").items() if p not in base_only}
+    assert stage_sources(L31, None, "3.1.6")[0] == on_316
     with pytest.raises(ToolError, match=r"apache-airflow-core 3\.3\.0: stage 2 means nothing there"):
         stage_sources(L33, 2, "3.3.0")
 

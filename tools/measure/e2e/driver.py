@@ -126,6 +126,7 @@ from tools.measure.e2e import (
     orphan,
     procfs,
     scale,
+    slots,
     soak_faults,
     throughput,
     uipoll,
@@ -1428,6 +1429,9 @@ class ScenarioRunner:
             run.extra["throughput"] = fig.as_json()
             run.extra["throughput_summary"] = fig.text()
             run.event(f"throughput: {fig.text()}")
+            if slot_fig := slots.figures(throughput_tis, self.opts.parallelism):
+                run.extra["slots"] = slot_fig.as_json()
+                run.event(slot_fig.text())
             if len(cpu_marks) == 2:
                 loops = run.extra.get("loops")
                 cpu = cputime.figures(
@@ -1786,6 +1790,17 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                 + (f"; medians of {n} rounds" if n > 1 else "")
             )
             out[name] = throughput.compare(rows, title)
+            slot_rows = [
+                (
+                    stage_label(stage, opts.executor),
+                    [slots.SlotFigures(**sc["extra"]["slots"]) for sc in ok if sc["extra"].get("slots")],
+                )
+                for stage, _, ok in _stage_runs(reports, name)
+            ]
+            if any(figs for _, figs in slot_rows):
+                out[f"{name} slots"] = slots.compare(
+                    slot_rows, f"{name}: where the slots' time goes (slots.py)"
+                )
             if cpu := cpu_rows(opts, reports, name):
                 out[f"{name} cpu"] = cputime.compare(
                     cpu,

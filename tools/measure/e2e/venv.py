@@ -142,7 +142,9 @@ def _release_sources(line: pins.Line, stage: int | None, core: str) -> tuple[dic
             f"apache-airflow-core {core}: stage {stage} means nothing there (the series' stages are "
             f"applied to the line's base {line.version}); stage 0 or the full series"
         )
-    files = _overlay_files(line)
+    # why: a file pinned on the base release only is the base's; this release ships its own
+    base_only = {f.package_path for f in pins.UPSTREAM_FILES if f.pinned_on_base_only}
+    files = {p: data for p, data in _overlay_files(line).items() if p not in base_only}
     where = LAYOUT.overlay / line.name
     if pin != line.pin(pins.SUPERVISOR):  # a task-sdk release with its own patched supervisor.py
         where = where / apply.sdk_release_dir(sdk)

@@ -516,6 +516,12 @@ class LocalExecutor(BaseExecutor):
         if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
             self._reap_workers(dead)
 
+    def event_waitables(self) -> list[Connection]:
+        """Each worker's results pipe: readable once a frame is there for ``sync()`` to read."""
+        # Not a worker's exit: a task process it forked keeps its sentinel and its pipe open after it died.
+        # sync() finds a dead worker on the scheduler's next loop.
+        return list(self._outputs.values())
+
     @_held_off()
     def _process_workloads(self, workload_list):
         self.sync()

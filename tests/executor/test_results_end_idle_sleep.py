@@ -1,0 +1,87 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one
+# or more contributor license agreements.  See the NOTICE file
+# distributed with this work for additional information
+# regarding copyright ownership.  The ASF licenses this file
+# to you under the Apache License, Version 2.0 (the
+# "License"); you may not use this file except in compliance
+# with the License.  You may obtain a copy of the License at
+#
+#   http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing,
+# software distributed under the License is distributed on an
+# "AS IS" BASIS, WITHOUT WARRANTIES OR CONDITIONS OF ANY
+# KIND, either express or implied.  See the License for the
+# specific language governing permissions and limitations
+# under the License.
+"""
+A result ends the scheduler's idle sleep; an executor with nothing to say lets it sleep.
+
+With a slot held per dispatch, a task's end frees its slot only for the scheduler's next loop. After
+an idle loop the scheduler sleeps up to ``scheduler_idle_sleep_time``: the slot waits out that sleep
+unless the executor's results end it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from harness import dispatch, key_of, make_workload, new_executor, run_scenario, wait_for_states
+
+WAKE_PATCH = "0012-wake-the-idle-scheduler-when-an-executor-has-news.patch"
+
+# The scheduler's idle sleep here; a task's end must cut it short by far more than a loaded machine's
+# delays, so a sleep the result does not end cannot pass.
+IDLE_SLEEP = 2.0
+WOKEN_WITHIN = 1.0
+QUIET_SLEEP = 0.5
+
+
+def _idle_sleep(executor, timeout: float) -> None:
+    """The scheduler's sleep after an idle loop (before the fix: the whole time)."""
+    from airflow.executors import base_executor
+
+    wait = getattr(base_executor, "wait_for_executor_events", None)
+    if wait is None:
+        time.sleep(timeout)
+    else:
+        wait([executor], timeout)
+
+
+def woken_by_a_result() -> dict:
+    from airflow.utils.state import TaskInstanceState
+
+    executor = new_executor(1)
+    warm = make_workload("warm")
+    dispatch(executor, [warm])  # a spawned worker imports Airflow first: not part of what is timed
+    wait_for_states(executor, [key_of(warm)], timeout=60)
+    quick = make_workload("quick", fake={"sleep": 0.05})
+    dispatch(executor, [quick])
+    began = time.monotonic()
+    # The scheduler's loops while nothing else happens: sync(), find nothing to do, sleep.
+    while time.monotonic() - began < 4 * IDLE_SLEEP:
+        executor.sync()
+        if executor.event_buffer.get(key_of(quick), (None,))[0] == TaskInstanceState.SUCCESS:
+            break
+        _idle_sleep(executor, IDLE_SLEEP)
+    took = time.monotonic() - began
+    # Every result is read now: nothing may end the next sleep early, or an idle scheduler spins.
+    quiet_began = time.monotonic()
+    _idle_sleep(executor, QUIET_SLEEP)
+    quiet = time.monotonic() - quiet_began
+    executor.end()
+    return {
+        "quick": str(executor.event_buffer.get(key_of(quick), ("missing",))[0]),
+        "took": round(took, 3),
+        "woken": took < WOKEN_WITHIN,
+        "slept_when_quiet": quiet >= QUIET_SLEEP,
+    }
+
+
+@pytest.mark.fixed_by(WAKE_PATCH)
+def test_a_result_ends_the_schedulers_idle_sleep(start_method):
+    outcome = run_scenario(woken_by_a_result, start_method=start_method, deadline=120, stuck_after=5.0)
+    took = outcome.pop("took")
+    assert outcome == {"quick": "success", "woken": True, "slept_when_quiet": True}, f"took {took} s"
