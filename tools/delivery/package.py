@@ -51,7 +51,7 @@ from tools.engine import fetch, series
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
-from tools.shared.versions import FINAL_RANK, version_key
+from tools.shared.versions import version_key
 
 DIST_NAME = "airflow-localexecutor-patched"  # no "apache-": this is not an ASF release
 WHEEL_DIST = DIST_NAME.replace("-", "_")  # the distribution as wheel and .dist-info names spell it
@@ -140,8 +140,8 @@ def requirement(distribution: str, versions: Sequence[str]) -> str:
     if len(versions) == 1:
         return f"{distribution}=={versions[0]}"
     keys = [version_key(v) for v in versions]
-    consecutive = all(k[3:] == (FINAL_RANK, 0, 0) for k in keys) and all(
-        b[:2] == a[:2] and b[2] == a[2] + 1 for a, b in itertools.pairwise(keys)
+    consecutive = all(not k.is_prerelease and not k.is_postrelease for k in keys) and all(
+        b.release == (*a.release[:2], a.micro + 1) for a, b in itertools.pairwise(keys)
     )
     if not consecutive:
         raise PackageError(f"{distribution} {', '.join(versions)}: not consecutive patch releases")

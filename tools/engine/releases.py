@@ -40,7 +40,7 @@ PINS_FILE = Path(pins.__file__)
 
 def line_of(version: str) -> str:
     """The release line a version belongs to: "3.1.3" -> "3.1"."""
-    return ".".join(str(n) for n in version_key(version)[:2])
+    return ".".join(str(n) for n in version_key(version).release[:2])
 
 
 def verified_versions(line: Line) -> list[str]:
