@@ -486,15 +486,6 @@ def sources(line: pins.Line, layout: Layout = DEFAULT) -> dict[str, bytes]:
 # -- the wheel ----------------------------------------------------------------------------------
 
 
-def _requires_python(line: pins.Line, layout: Layout) -> str:
-    with zipfile.ZipFile(fetch.ensure_wheel(line, layout)) as zf:
-        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        for ln in zf.read(name).decode().splitlines():
-            if ln.startswith("Requires-Python:"):
-                return ln.split(":", 1)[1].strip()
-    return ">=3.10"
-
-
 def metadata(line: pins.Line, layout: Layout = DEFAULT) -> str:
     me = verified(line, layout)
     n = series_length(layout)
@@ -518,7 +509,7 @@ wheel to install instead. The built-in LocalExecutor is left as it is.
         ("Classifier", "Framework :: Apache Airflow"),
         ("Classifier", "Framework :: Apache Airflow :: Provider"),
         ("Classifier", "License :: OSI Approved :: Apache Software License"),
-        ("Requires-Python", _requires_python(line, layout)),
+        ("Requires-Python", fetch.requires_python(fetch.ensure_wheel(line, layout))),
         ("Requires-Dist", requirement("apache-airflow-core", me.core)),
         ("Requires-Dist", requirement("apache-airflow-task-sdk", me.task_sdk)),
         ("Description-Content-Type", "text/plain"),

@@ -9,6 +9,8 @@ wheels. ``read_bases(line)`` gives every pinned upstream file of a line at its r
 
 from __future__ import annotations
 
+import email.message
+import email.parser
 import functools
 import hashlib
 import os
@@ -170,13 +172,23 @@ def ensure_every_pin(layout: Layout = DEFAULT) -> list[Path]:
     ]
 
 
-def required_sdk(wheel: Path) -> str | None:
-    """The task-sdk release a core wheel requires exactly (``Requires-Dist: ...==X``), if any."""
+def wheel_metadata(wheel: Path) -> email.message.Message:
+    """The wheel's ``.dist-info/METADATA`` headers (empty when it has none)."""
     with zipfile.ZipFile(wheel) as zf:
         meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
         text = zf.read(meta).decode() if meta else ""
-    for row in text.splitlines():
-        if row.startswith("Requires-Dist:") and pins.SUPERVISOR.distribution in row:
+    return email.parser.HeaderParser().parsestr(text)
+
+
+def requires_python(wheel: Path) -> str:
+    """The wheel's ``Requires-Python`` (``>=3.10`` when it says nothing)."""
+    return str(wheel_metadata(wheel).get("Requires-Python", ">=3.10")).strip()
+
+
+def required_sdk(wheel: Path) -> str | None:
+    """The task-sdk release a core wheel requires exactly (``Requires-Dist: ...==X``), if any."""
+    for row in wheel_metadata(wheel).get_all("Requires-Dist", []):
+        if pins.SUPERVISOR.distribution in row:
             m = re.search(r"==\s*([\w.]+)", row)
             return m.group(1) if m else None
     return None

@@ -15,14 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from tools.engine import fetch
 from tools.shared import pins
@@ -55,11 +56,12 @@ def find_uv() -> str:
     )
 
 
-def run_uv(*args: str, env: Mapping[str, str] | None = None) -> str:
+def run_uv(
+    *args: str, env: Mapping[str, str] | None = None, stdin: str | None = None, cwd: Path | None = None
+) -> str:
     cmd = [find_uv(), *args]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env={**os.environ, **UV_ENV, **(env or {})}, check=False
-    )
+    env = {**os.environ, **UV_ENV, **(env or {})}
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env, cwd=cwd, check=False)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()] or ["(no output)"]
         detail = next((ln for ln in lines if "error" in ln.lower()), lines[-1])
@@ -117,11 +119,8 @@ def _python_identity(python: str) -> str:
 
 def oldest_python(wheel: Path) -> str:
     """The lowest Python the wheel's ``Requires-Python`` admits ("3.11" for 3.4.0b2), else 3.10."""
-    with zipfile.ZipFile(wheel) as zf:
-        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        text = zf.read(meta).decode()
-    m = re.search(r"^Requires-Python:.*>=\s*(\d+\.\d+)", text, re.M)
-    return m.group(1) if m else "3.10"
+    floors = [Version(s.version) for s in SpecifierSet(fetch.requires_python(wheel)) if s.operator == ">="]
+    return ".".join(map(str, max(floors).release[:2])) if floors else "3.10"
 
 
 def interpreter_for(wheel: Path, python: str | None = None) -> str:
