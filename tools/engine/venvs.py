@@ -77,7 +77,7 @@ def _file_digest(path: Path) -> str | None:
     return fetch.sha256_file(path) if path.exists() else None
 
 
-def _make(
+def make(
     venv: Path,
     python: str,
     packages: Sequence[str],
@@ -85,6 +85,8 @@ def _make(
     stamp: Mapping[str, object],
     on_create: Callable[[], None] | None = None,
 ) -> Path:
+    """Python of ``venv`` with ``packages`` installed by uv under ``constraints``; remade only when
+    ``stamp`` (what it is made from) differs from the one saved beside it."""
     stamp_file = venv / "lepatch-stamp.json"
     py = _venv_python(venv)
     if py.exists() and stamp_file.exists():
@@ -212,7 +214,7 @@ def ensure(
     }
     if upstream_tests:
         stamp["upstream_tests_constraints_sha256"] = _file_digest(files[1])
-    return _make(layout.build / "venvs" / name, python, [*wheels, *packages], files, stamp)
+    return make(layout.build / "venvs" / name, python, [*wheels, *packages], files, stamp)
 
 
 def release_pins(core: str, sdk: str | None = None) -> tuple[pins.Pin, pins.Pin]:
@@ -268,7 +270,7 @@ def ensure_release(
     }
     what = ", ".join([f"apache-airflow-core {core}", f"apache-airflow-task-sdk {sdk}", *packages])
     creating = None if say is None else (lambda: say(f"creating {layout.rel(venv)}: {what} (uv)"))
-    return _make(venv, python, [*map(str, wheels), *packages], constraints, stamp, creating)
+    return make(venv, python, [*map(str, wheels), *packages], constraints, stamp, creating)
 
 
 def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:
@@ -282,7 +284,7 @@ def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:
         "constraints_sha256": _file_digest(constraints),
         "packages": list(TOOLS_TEST_PACKAGES),
     }
-    return _make(layout.build / "venvs" / "tools", python, list(TOOLS_TEST_PACKAGES), constraints, stamp)
+    return make(layout.build / "venvs" / "tools", python, list(TOOLS_TEST_PACKAGES), constraints, stamp)
 
 
 def purelib(python: Path | str) -> Path:

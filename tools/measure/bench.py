@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -144,35 +143,14 @@ def stage_python(line: Line, stage: Stage, layout: Layout = DEFAULT, python: str
         raise ToolError(
             f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
         )
-    venv = layout.build / "stage-venvs" / line.name / stage.column
-    py = venv / "bin" / "python"
-    stamp_file = venv / "lepatch-stamp.json"
     stamp = {
         "python": str(Path(python).resolve()),
         "wheel_sha256": line.wheel_sha256,
         "constraints_sha256": fetch.sha256_file(constraints),
     }
-    current = json.loads(stamp_file.read_text()) if stamp_file.exists() and py.exists() else None
-    if current != stamp:
-        wheel = fetch.ensure_wheel(line, layout)
-        if venv.exists():
-            shutil.rmtree(venv)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        venvs.run_uv("venv", "--quiet", "-p", python, str(venv))
-        # why copy: uv hardlinks from its cache by default, and a file swapped in place in any
-        # venv sharing that inode would change the "base" of every other one.
-        venvs.run_uv(
-            "pip",
-            "install",
-            "--quiet",
-            "--python",
-            str(py),
-            "-c",
-            str(constraints),
-            str(wheel),
-            env={"UV_COMPILE_BYTECODE": "1", "UV_LINK_MODE": "copy"},
-        )
-        stamp_file.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+    venv = layout.build / "stage-venvs" / line.name / stage.column
+    # why no copy of uv's hardlinked files: install_executor replaces the file, never writes through it
+    py = venvs.make(venv, python, [str(fetch.ensure_wheel(line, layout))], constraints, stamp)
     target = venvs.install_executor(py, stage.source)
     if target.read_bytes() != stage.source:
         raise ToolError(f"{target}: installing stage {stage.short} of {line.name} did not take")
