@@ -218,12 +218,7 @@ def changed(outcomes: dict[str, upstream_tests.Outcome]) -> tuple[list[str], lis
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    versions = args.sdk or []
-    try:
-        if args.line:
-            versions += [pins.get_line(name).sdk_version for name in args.line]
-    except KeyError as e:
-        raise ToolError(str(e.args[0])) from None
+    versions = [*(args.sdk or []), *(line.sdk_version for line in args.line or [])]
     if not versions:
         versions = [line.sdk_version for line in pins.LINES if line.sdk_version]
     worse = False
@@ -247,7 +242,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "upstream-supervisor-tests",
         help="run each task-sdk release's own test_supervisor.py (from its sdist) unpatched and patched",
     )
-    p.add_argument("--line", action="append", help="the line's base task-sdk release (repeatable)")
+    p.add_argument(
+        "--line", action="append", type=pins.line_arg, help="the line's base task-sdk release (repeatable)"
+    )
     p.add_argument("--sdk", action="append", help="a task-sdk release the lines cover (repeatable)")
     p.add_argument("-v", "--verbose", action="store_true", help="print pytest's whole output")
     p.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments (-k, -x)")

@@ -439,7 +439,7 @@ def _cmd(args: argparse.Namespace) -> int:
     try:
         outcome, diffs = run_stage(
             args.stage,
-            line=pins.get_line(args.line) if args.line else None,
+            line=args.line,
             with_diffs=args.diffs,
             start_method=args.start_method,
             upstream=args.upstream,
@@ -453,7 +453,7 @@ def _cmd(args: argparse.Namespace) -> int:
     else:
         for failed in outcome.failed:
             print(f"  failed: {failed}")
-    line = args.line or pre_release_line().name
+    line = (args.line or pre_release_line()).name
     applied = ", ".join(d.name.split("-", 1)[0] for d in diffs) or "none"
     method = args.start_method or "default start method"
     print(
@@ -469,7 +469,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="run upstream's test_local_executor.py (with the series' diffs to it) on a 3.4 stage",
     )
     p.add_argument("--stage", type=int, required=True, help="stage K of the line: its first K patches")
-    p.add_argument("--line", help="the line (default: the pre-release line, 3.4)")
+    p.add_argument("--line", type=pins.line_arg, help="the line (default: the pre-release line, 3.4)")
     p.add_argument("--no-diffs", dest="diffs", action="store_false", help="upstream's file as it is")
     p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), help="for the whole run")
     p.add_argument(

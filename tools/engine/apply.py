@@ -726,7 +726,7 @@ def render_sdk_matrix(engine: Engine, results: dict[str, LineResult]) -> str:
 
 def run_apply(
     engine: Engine,
-    lines: Sequence[str] | None = None,
+    lines: Sequence[Line | str] | None = None,
     write: bool = False,
     json_path: Path | None = None,
     out: Any = sys.stdout,
@@ -817,12 +817,14 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", help="apply the series to every line, check (or --write) derived files")
-    p.add_argument("--line", action="append", help="only this line (repeatable); default: all")
+    p.add_argument(
+        "--line", action="append", type=pins.line_arg, help="only this line (repeatable); default: all"
+    )
     p.add_argument("--write", action="store_true", help="regenerate airflow_overlay/ and tests/executor/")
     p.add_argument("--json", type=Path, help="where to write the JSON report (default build/apply.json)")
     p.set_defaults(func=_cmd_apply)
     s = sub.add_parser("stage", help="write stage K of a line (base + first K patches) as a tree")
-    s.add_argument("--line", required=True)
+    s.add_argument("--line", required=True, type=pins.line_arg)
     s.add_argument("--stage", type=int, help="number of patches applied (default: all)")
     s.add_argument("--out", type=Path, help="destination (default build/stages/LINE/K)")
     s.set_defaults(func=_cmd_stage)

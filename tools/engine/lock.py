@@ -95,7 +95,7 @@ def lock_upstream_tests(line: pins.Line | None = None, layout: Layout = DEFAULT)
 
 def _cmd_lock(args: argparse.Namespace) -> int:
     if args.upstream_tests:
-        line = pins.get_line(args.line[0]) if args.line else pre_release()
+        line = args.line[0] if args.line else pre_release()
         lock_upstream_tests(line)
         print(f"wrote {DEFAULT.rel(upstream_tests_constraints(line))}")
         return 0
@@ -103,15 +103,15 @@ def _cmd_lock(args: argparse.Namespace) -> int:
     if args.tools or everything or not (DEFAULT.constraints / "tools.txt").exists():
         lock_tools()
         print("wrote constraints/tools.txt")
-    for name in args.line or ([line.name for line in pins.LINES] if everything else []):
-        lock_line(pins.get_line(name))
-        print(f"wrote constraints/{pins.get_line(name).name}.txt")
+    for line in args.line or (pins.LINES if everything else []):
+        lock_line(line)
+        print(f"wrote constraints/{line.name}.txt")
     return 0
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("lock", help="regenerate constraints/ with uv pip compile (needs the index)")
-    p.add_argument("--line", action="append", help="only this line (repeatable)")
+    p.add_argument("--line", action="append", type=pins.line_arg, help="only this line (repeatable)")
     p.add_argument("--tools", action="store_true", help="only constraints/tools.txt")
     p.add_argument(
         "--upstream-tests",

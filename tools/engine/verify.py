@@ -45,6 +45,7 @@ from tools.engine.series import fixed_by_markers
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import Layout
+from tools.shared.pins import Line
 
 PASS, FAIL, ERROR, SKIP, MISSING = "pass", "fail", "error", "skip", "missing"
 # A stage before the one preceding the test's patch, not run by the default plan; never unexpected.
@@ -418,7 +419,7 @@ def _verify_line(
 
 def run_verify(
     engine: engine_mod.Engine,
-    lines: Sequence[str] | None = None,
+    lines: Sequence[Line | str] | None = None,
     stage_range: str | None = None,
     select: str | None = None,
     allow_drift: bool = False,
@@ -496,7 +497,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("verify", help="run each fixed_by test on the stages that decide it, on every line")
-    p.add_argument("--line", action="append", help="only this line (repeatable)")
+    p.add_argument("--line", action="append", type=pins.line_arg, help="only this line (repeatable)")
     p.add_argument("--stage-range", help="K, A-B, A- or -B (default: every stage)")
     p.add_argument("-k", help="pytest -k expression, passed through")
     p.add_argument("--jobs", type=int, default=1, help="lines run side by side (default 1)")

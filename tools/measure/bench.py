@@ -837,7 +837,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def run_bench(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
-    line = pins.get_line(args.line) if args.line else pins.PRIMARY
+    line: Line = args.line
     cfg = config_from_args(args)
     stages = load_stages(line, parse_stages(args.stages))
     extras = [parse_extra(text) for text in args.extra or []]
@@ -902,7 +902,9 @@ def run_bench(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="dispatch cost, throughput and recovery per stage, as ratios to base")
-    p.add_argument("--line", help=f"release line (default {pins.PRIMARY.name})")
+    p.add_argument(
+        "--line", type=pins.line_arg, default=pins.PRIMARY.name, help="release line (default %(default)s)"
+    )
     p.add_argument("--stages", help="stages to measure, e.g. 0,3,5-8 (default: all; base is always included)")
     p.add_argument("--runs", type=int, help="samples per dispatch figure and stage (default 20; --quick 3)")
     p.add_argument("--rounds", type=int, help="interleaved round-robin passes (default 2)")

@@ -473,7 +473,7 @@ def _replay_command(line: Line, stage: Stage, ref: str) -> str:
 
 
 def run_chaos(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
-    line = pins.get_line(args.line) if args.line else pins.PRIMARY
+    line: Line = args.line
     wanted = parse_stages(args.stages)
     stages = load_stages(line, wanted)
     claimed_from = orphans_claimed_from(read_series_names(layout.series_file))
@@ -575,7 +575,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser(
         "chaos", help="seeded soak with SIGKILL/SIGTERM faults per stage, checked by invariants"
     )
-    p.add_argument("--line", help=f"release line (default {pins.PRIMARY.name})")
+    p.add_argument(
+        "--line", type=pins.line_arg, default=pins.PRIMARY.name, help="release line (default %(default)s)"
+    )
     p.add_argument("--stages", help="stages to soak, e.g. 0,3,5-8 (default: all)")
     p.add_argument("--runs", type=int, default=DEFAULT_RUNS, help=f"runs per stage (default {DEFAULT_RUNS})")
     p.add_argument("--seed", type=int, help=f"seed of the schedules (default {DEFAULT_SEED})")
