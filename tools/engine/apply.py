@@ -47,7 +47,7 @@ from typing import Any
 
 from tools.engine import churn, fetch
 from tools.engine.series import Patch, Series, load_series, read_patch
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.gitcmd import TOOL_IDENT, GitError, git
 from tools.shared.layout import DEFAULT, REPO_TESTS_DIR, Layout
@@ -692,16 +692,12 @@ def describe_apply_error(patch: Patch, stderr: str) -> str:
 
 def render_matrix(engine: Engine, results: dict[str, LineResult]) -> str:
     names = engine.series.names
-    cols = [r.line.label for r in results.values()]
-    first = max([len("patch"), *(len(n) for n in names)])
-    widths = [max(len(c), len(RESOLUTION)) for c in cols]
-    rows = ["  ".join(["patch".ljust(first), *(c.ljust(w) for c, w in zip(cols, widths, strict=True))])]
-    for i, name in enumerate(names):
-        cells = [r.patches[i].status for r in results.values()]
-        rows.append("  ".join([name.ljust(first), *(c.ljust(w) for c, w in zip(cells, widths, strict=True))]))
+    rows = [["patch", *(r.line.label for r in results.values())]]
+    rows += [[name, *(r.patches[i].status for r in results.values())] for i, name in enumerate(names)]
+    lines = table.render(rows, widths=[0, *(len(RESOLUTION) for _ in results)])
     if not names:
-        rows.append("(patches/series lists no patches: every stage is the base)")
-    return "\n".join(r.rstrip() for r in rows)
+        lines.append("(patches/series lists no patches: every stage is the base)")
+    return "\n".join(lines)
 
 
 def render_sdk_matrix(engine: Engine, results: dict[str, LineResult]) -> str:
@@ -710,18 +706,12 @@ def render_sdk_matrix(engine: Engine, results: dict[str, LineResult]) -> str:
     if not sdks:
         return ""
     names = list(dict.fromkeys(p.name for sdk in sdks for p in sdk.patches))
-    cols = [f"{sdk.line.name}: task-sdk {sdk.version}" for sdk in sdks]
-    first = max(len("supervisor.py patch"), *(len(n) for n in names))
-    widths = [max(len(c), len(RESOLUTION)) for c in cols]
-    rows = [
-        "  ".join(
-            ["supervisor.py patch".ljust(first), *(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
-        )
-    ]
+    rows = [["supervisor.py patch", *(f"{sdk.line.name}: task-sdk {sdk.version}" for sdk in sdks)]]
     for name in names:
-        cells = [next((p.status for p in sdk.patches if p.name == name), NOT_TRIED) for sdk in sdks]
-        rows.append("  ".join([name.ljust(first), *(c.ljust(w) for c, w in zip(cells, widths, strict=True))]))
-    return "\n".join(r.rstrip() for r in rows)
+        rows.append(
+            [name, *(next((p.status for p in sdk.patches if p.name == name), NOT_TRIED) for sdk in sdks)]
+        )
+    return "\n".join(table.render(rows, widths=[0, *(len(RESOLUTION) for _ in sdks)]))
 
 
 def run_apply(

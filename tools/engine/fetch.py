@@ -22,7 +22,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line, Pin
@@ -257,7 +257,5 @@ def check_pins(layout: Layout = DEFAULT, out: object = None) -> bool:
                     verdict = "requires " + (needs or "?") + ("" if agrees else " (pins.core_sdk DIFFERS)")
                     rows.append((line.name, what, "task-sdk", "ok", "-", verdict))
     header = ("line", "release", "file", "wheel", "sha256", "vs base")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print("\n".join(table.render([header, *rows])))
     return ok

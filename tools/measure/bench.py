@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.engine import fetch, venvs
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
@@ -576,7 +576,6 @@ def fmt_number(x: float) -> str:
 
 def render(results: Results, table_rows: list[Row], columns: list[tuple[str, str]]) -> str:
     """Rows x columns; each cell ``median (ratio to base)``, ``!`` when some runs gave no figure."""
-    label_w = max(len(f"{r.label} ({r.unit})") for r in table_rows) + 1
     header_cells = [title for _, title in columns]
     body: list[list[str]] = []
     for row in table_rows:
@@ -594,12 +593,14 @@ def render(results: Results, table_rows: list[Row], columns: list[tuple[str, str
             mark = "!" if cell.outcomes else ""
             line.append(f"{fmt_number(cell.value)} ({'-' if r is None else f'{r:.2f}'}){mark}")
         body.append(line)
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header_cells)]
-    out = [" " * label_w + "  ".join(h.rjust(w) for h, w in zip(header_cells, widths, strict=True))]
-    for row, line in zip(table_rows, body, strict=True):
-        label = f"{row.label} ({row.unit})"
-        out.append(label.ljust(label_w) + "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
-    return "\n".join(out)
+    return _labelled(header_cells, [f"{r.label} ({r.unit})" for r in table_rows], body)
+
+
+def _labelled(header: list[str], labels: list[str], body: list[list[str]]) -> str:
+    """The figures right-aligned, each row after its label and a space."""
+    width = max(map(len, labels)) + 1
+    lines = table.render([header, *body], right=range(len(header)), strip=False)
+    return "\n".join(label.ljust(width) + line for label, line in zip(["", *labels], lines, strict=True))
 
 
 def render_spread(results: Results, table_rows: list[Row], columns: list[tuple[str, str]]) -> str:
@@ -621,15 +622,7 @@ def render_spread(results: Results, table_rows: list[Row], columns: list[tuple[s
             kept.append(row)
     if not kept:
         return ""
-    label_w = max(len(f"{r.label} ({r.unit})") for r in kept) + 1
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    out = [" " * label_w + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    for row, line in zip(kept, body, strict=True):
-        out.append(
-            f"{row.label} ({row.unit})".ljust(label_w)
-            + "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True))
-        )
-    return "\n".join(out)
+    return _labelled(header, [f"{r.label} ({r.unit})" for r in kept], body)
 
 
 def targets(results: Results, cfg: Config, last: str) -> list[str]:

@@ -48,7 +48,7 @@ from typing import Any
 
 from tools.engine.series import read_series_names
 from tools.measure.bench import Stage, load_stages, parse_stages, run_probe, stage_python
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
@@ -413,10 +413,7 @@ def render(summaries: Sequence[StageSummary]) -> str:
                 *([f"{s.orphans}{'' if s.orphans_claimed else '*'}"] if orphans else []),
             ]
         )
-    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in body]
-    return "\n".join(lines)
+    return "\n".join(table.render([header, *body], right=range(len(header)), strip=False))
 
 
 def render_orphans_note(summaries: Sequence[StageSummary], claimed_from: int | None) -> str:
