@@ -28,7 +28,6 @@ import argparse
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from collections.abc import Sequence
@@ -64,24 +63,10 @@ def ensure_sdist(version: str, layout: Layout = DEFAULT) -> Path:
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as tmp:
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary=:all:",
-                "--quiet",
-                f"{pins.SUPERVISOR.distribution}=={version}",
-                "-d",
-                tmp,
-            ]
-            env = dict(os.environ, PIP_CONSTRAINT="", PIP_REQUIRE_VIRTUALENV="0")
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+            fetch.pip_download(version, Path(tmp), pins.SUPERVISOR.distribution, sdist=True)
             got = Path(tmp) / sdist_name(version)
-            if proc.returncode != 0 or not got.is_file():
-                last = (proc.stderr.strip().splitlines() or ["no sdist arrived"])[-1]
-                raise SupervisorTestsError(f"cannot download the sdist of task-sdk {version}: {last}")
+            if not got.is_file():
+                raise SupervisorTestsError(f"pip download of task-sdk {version}'s sdist gave no {got.name}")
             os.replace(got, target)
     digest = fetch.sha256_file(target)
     if digest != expected:

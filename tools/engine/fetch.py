@@ -54,21 +54,24 @@ def wheel_filename(version: str, distribution: str = pins.DISTRIBUTION) -> str:
     return f"{distribution.replace('-', '_')}-{version}-py3-none-any.whl"
 
 
-def pip_download(version: str, dest: Path, distribution: str = pins.DISTRIBUTION) -> None:
+def pip_download(
+    version: str, dest: Path, distribution: str = pins.DISTRIBUTION, *, sdist: bool = False
+) -> None:
+    """``distribution==version``'s wheel (``sdist``: its source archive) into ``dest``, by pip."""
+    # why isolation for an sdist: pip builds its metadata with the project's own build backend
+    form = ["--no-binary=:all:"] if sdist else ["--only-binary=:all:", "--no-build-isolation"]
+    spec = f"{distribution}=={version}"
     cmd = [
         sys.executable,
         "-m",
         "pip",
         "download",
         "--no-deps",
-        "--only-binary=:all:",
-        "--no-build-isolation",
+        *form,
         "--disable-pip-version-check",
         "--quiet",
-        f"{distribution}=={version}",
-        "-d",
-        str(dest),
     ]
+    cmd += [spec, "-d", str(dest)]
     # why: a machine-wide pip constraint file (PIP_CONSTRAINT or pip.conf) may not cover
     # or may even contradict the exact pin; the sha256 check is the pin that matters here.
     env = dict(os.environ, PIP_CONSTRAINT="", PIP_REQUIRE_VIRTUALENV="0")
@@ -78,9 +81,8 @@ def pip_download(version: str, dest: Path, distribution: str = pins.DISTRIBUTION
         if "No module named pip" in last:
             last += " (use a Python with pip: `python -m tools venv --line tools` fetches every pin)"
         raise ToolError(
-            f"cannot download {distribution}=={version}: pip exited {proc.returncode}: {last}\n"
-            f"  to reproduce: {' '.join(cmd[:1])} -m pip download --no-deps --only-binary=:all: "
-            f"{distribution}=={version} -d DIR"
+            f"cannot download {spec}: pip exited {proc.returncode}: {last}\n"
+            f"  to reproduce: {cmd[0]} -m pip download --no-deps {form[0]} {spec} -d DIR"
         )
 
 
