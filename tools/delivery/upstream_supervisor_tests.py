@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Sequence
@@ -155,24 +154,7 @@ def run_once(
     env.pop(upstream_tests.START_METHOD_ENV, None)
     args = ["-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", f"--timeout={PER_TEST_TIMEOUT}"]
     cmd = [str(python), *args, TEST_FILE, *extra]
-    try:
-        proc = subprocess.run(
-            cmd, cwd=tests, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        return upstream_tests.Outcome(" ".join(cmd), {}, [], None, f"timed out after {exc.timeout}s")
-    failed = [
-        ln.split(" ", 1)[1].split(" - ", 1)[0]
-        for ln in proc.stdout.splitlines()
-        if ln.startswith(("FAILED ", "ERROR "))
-    ]
-    return upstream_tests.Outcome(
-        "python -m pytest " + TEST_FILE,
-        upstream_tests.parse_counts(proc.stdout),
-        failed,
-        proc.returncode,
-        proc.stdout + proc.stderr,
-    )
+    return upstream_tests.run_pytest(cmd, tests, env, "python -m pytest " + TEST_FILE, RUN_TIMEOUT)
 
 
 def run(

@@ -348,25 +348,25 @@ def run_text(
             *extra,
         ]
         shown = "python -m pytest test_local_executor.py" + (f" [{start_method}]" if start_method else "")
-        try:
-            proc = subprocess.run(
-                [str(python), *args],
-                cwd=root,
-                env=run_env,
-                capture_output=True,
-                text=True,
-                timeout=RUN_TIMEOUT,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            return Outcome(shown, {}, [], None, f"timed out after {exc.timeout}s")
-    output = proc.stdout + proc.stderr
+        return run_pytest([str(python), *args], root, run_env, shown)
+
+
+def run_pytest(
+    cmd: Sequence[str], cwd: Path, env: Mapping[str, str], shown: str, timeout: float = RUN_TIMEOUT
+) -> Outcome:
+    """Run one pytest command (``-rfEs``: its failures and errors listed) and read its outcome."""
+    try:
+        proc = subprocess.run(
+            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        return Outcome(shown, {}, [], None, f"timed out after {exc.timeout}s")
     failed = [
         ln.split(" ", 1)[1].split(" - ", 1)[0]
         for ln in proc.stdout.splitlines()
         if ln.startswith(("FAILED ", "ERROR "))
     ]
-    return Outcome(shown, parse_counts(proc.stdout), failed, proc.returncode, output)
+    return Outcome(shown, parse_counts(proc.stdout), failed, proc.returncode, proc.stdout + proc.stderr)
 
 
 def run_stage(
