@@ -18,7 +18,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from tools.engine import testrun, venvs  # noqa: E402  (stdlib only, importable before any install)
+from tools.engine import testrun, venvs  # noqa: E402  (stdlib and packaging, which nox brings)
 from tools.shared import pins  # noqa: E402
 from tools.shared.errors import ToolError  # noqa: E402
 

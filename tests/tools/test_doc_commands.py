@@ -11,6 +11,7 @@ command is run for real on an externally managed Python (PEP 668) when this mach
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import shlex
 import shutil
@@ -115,7 +116,15 @@ def test_the_docs_quote_commands() -> None:
 
 
 @pytest.mark.parametrize(("doc", "cmd"), doc_commands())
-def test_every_quoted_command_runs_as_written(doc: str, cmd: str) -> None:
+def test_every_quoted_command_runs_as_written(doc: str, cmd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # why: CONTRIBUTING's "Adding a pinned line" names the line its first step pins (3.5), and --line
+    # is resolved as it is parsed
+    if doc == "CONTRIBUTING.md":
+        last = pins.LINES[-1]
+        major, minor = last.name.split(".")
+        name = f"{major}.{int(minor) + 1}"
+        added = dataclasses.replace(last, name=name, version=f"{name}.0")
+        monkeypatch.setattr(pins, "LINES", [*pins.LINES, added])
     assert problem(cmd, nox_sessions()) is None, f"{doc}: `{cmd}`: {problem(cmd, nox_sessions())}"
 
 

@@ -299,13 +299,35 @@ def test_bump_through_the_cli(
 
 
 @pytest.mark.parametrize("command", ["wheels", "package"])
-def test_line_options_select_lines_by_name_or_covered_version(command: str) -> None:
+def test_line_options_select_lines_by_name_or_covered_version(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     parser = cli.build_parser()
     every = parser.parse_args([command])
     assert pins.selected_lines(every) == list(pins.LINES)
     primary = pins.PRIMARY
     chosen = parser.parse_args([command, "--line", pins.LINES[-1].name, "--line", next(iter(primary.covers))])
     assert pins.selected_lines(chosen) == [pins.LINES[-1], primary]
-    with pytest.raises(ToolError, match=r"unknown release line '9\.9'; pinned lines: ") as info:
-        pins.selected_lines(parser.parse_args([command, "--line", "9.9"]))
-    assert "\n" not in str(info.value)
+    with pytest.raises(SystemExit):
+        parser.parse_args([command, "--line", "9.9"])
+    assert "argument --line: unknown release line '9.9'; pinned lines: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["apply", "--line", "3.3.1"],
+        ["stage", "--line", "3.3.1"],
+        ["verify", "--line", "3.3.1"],
+        ["checkout", "--line", "3.3.1", "dir"],
+        ["faithful", "--line", "3.3.1"],
+        ["lock", "--line", "3.3.1"],
+        ["upstream-supervisor-tests", "--line", "3.3.1"],
+        ["upstream-tests", "--stage", "1", "--line", "3.3.1"],
+        ["bench", "--line", "3.3.1"],
+        ["chaos"],  # the primary line, 3.3
+    ],
+)
+def test_every_line_option_is_a_line_once_parsed(argv: list[str]) -> None:
+    value = cli.build_parser().parse_args(argv).line
+    assert (value if isinstance(value, pins.Line) else value[0]) == pins.get_line("3.3")

@@ -51,7 +51,7 @@ from tools.engine import fetch, series
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
-from tools.shared.versions import FINAL_RANK, version_key
+from tools.shared.versions import version_key
 
 DIST_NAME = "airflow-localexecutor-patched"  # no "apache-": this is not an ASF release
 WHEEL_DIST = DIST_NAME.replace("-", "_")  # the distribution as wheel and .dist-info names spell it
@@ -140,8 +140,8 @@ def requirement(distribution: str, versions: Sequence[str]) -> str:
     if len(versions) == 1:
         return f"{distribution}=={versions[0]}"
     keys = [version_key(v) for v in versions]
-    consecutive = all(k[3:] == (FINAL_RANK, 0, 0) for k in keys) and all(
-        b[:2] == a[:2] and b[2] == a[2] + 1 for a, b in itertools.pairwise(keys)
+    consecutive = all(not k.is_prerelease and not k.is_postrelease for k in keys) and all(
+        b.release == (*a.release[:2], a.micro + 1) for a, b in itertools.pairwise(keys)
     )
     if not consecutive:
         raise PackageError(f"{distribution} {', '.join(versions)}: not consecutive patch releases")
@@ -486,15 +486,6 @@ def sources(line: pins.Line, layout: Layout = DEFAULT) -> dict[str, bytes]:
 # -- the wheel ----------------------------------------------------------------------------------
 
 
-def _requires_python(line: pins.Line, layout: Layout) -> str:
-    with zipfile.ZipFile(fetch.ensure_wheel(line, layout)) as zf:
-        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        for ln in zf.read(name).decode().splitlines():
-            if ln.startswith("Requires-Python:"):
-                return ln.split(":", 1)[1].strip()
-    return ">=3.10"
-
-
 def metadata(line: pins.Line, layout: Layout = DEFAULT) -> str:
     me = verified(line, layout)
     n = series_length(layout)
@@ -518,7 +509,7 @@ wheel to install instead. The built-in LocalExecutor is left as it is.
         ("Classifier", "Framework :: Apache Airflow"),
         ("Classifier", "Framework :: Apache Airflow :: Provider"),
         ("Classifier", "License :: OSI Approved :: Apache Software License"),
-        ("Requires-Python", _requires_python(line, layout)),
+        ("Requires-Python", fetch.requires_python(fetch.ensure_wheel(line, layout))),
         ("Requires-Dist", requirement("apache-airflow-core", me.core)),
         ("Requires-Dist", requirement("apache-airflow-task-sdk", me.task_sdk)),
         ("Description-Content-Type", "text/plain"),

@@ -441,12 +441,7 @@ class PrPreparer:
         patch = plan.patch
         form = lineform.line_form(plan.line, self.layout)
         header = read_patch(patch)
-        original = f"{header.subject}\n\n{header.message}".strip() + "\n"
-        msg = commitmsg.parse(original)
-        generated_by = self.generated_by
-        if not generated_by and (m := re.search(r"^Generated-by:\s*(.+)$", original, flags=re.M)):
-            generated_by = m.group(1).strip()
-        message = msg.title + (f"\n\n{msg.body}" if msg.body else "") + "\n"
+        msg, message, generated_by = self._message(header)
         coauthors = []
         for name in plan.folds:
             author = read_patch(self.layout.patches / name).author
@@ -707,18 +702,23 @@ class PrPreparer:
                 self.g("worktree", "remove", "--force", str(wt), check=False)
                 self.g("worktree", "prune", check=False)
 
+    def _message(self, header: Patch) -> tuple[commitmsg.Message, str, str | None]:
+        """The patch's message parsed, the PR commit's message made of it, and its Generated-by:
+        this run's, else the patch's own trailer."""
+        original = f"{header.subject}\n\n{header.message}".strip() + "\n"
+        msg = commitmsg.parse(original)
+        generated_by = self.generated_by
+        if not generated_by and (m := re.search(r"^Generated-by:\s*(.+)$", original, flags=re.M)):
+            generated_by = m.group(1).strip()
+        return msg, msg.title + (f"\n\n{msg.body}" if msg.body else "") + "\n", generated_by
+
     def _standalone_in(
         self, wt: Path, patch: Path, line: pins.Line, branch: str, base_sha: str, exists: str, run_tests: bool
     ) -> Prepared:
         from tools.engine.apply import describe_apply_error
 
         header = read_patch(patch)
-        original = f"{header.subject}\n\n{header.message}".strip() + "\n"
-        msg = commitmsg.parse(original)
-        generated_by = self.generated_by
-        if not generated_by and (m := re.search(r"^Generated-by:\s*(.+)$", original, flags=re.M)):
-            generated_by = m.group(1).strip()
-        message = msg.title + (f"\n\n{msg.body}" if msg.body else "") + "\n"
+        msg, message, generated_by = self._message(header)
         try:
             git("apply", "--index", str(patch.resolve()), cwd=wt, isolated=True)
         except GitError as exc:

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tools.shared import table
+
 LABELS = {"pass": "pass", "flaky": "pass*", "fail": "FAIL", "error": "ERR", "skip": "skip", "missing": "-"}
 
 
@@ -35,12 +37,7 @@ def verify_rows(data: dict[str, Any], patches: Sequence[str]) -> list[str]:
         if not tests:
             continue
         stages = [str(k) for k in entry.get("stages", [])]
-        width = max(len(n) for n in tests) - len("tests/executor/")
-        out.append(
-            f"{line} ({entry.get('version', '?')})".ljust(max(width, 10))
-            + "  fixed by  "
-            + "  ".join(s.ljust(5) for s in stages)
-        )
+        rows = [[f"{line} ({entry.get('version', '?')})", "fixed by", *stages]]
         for nodeid, t in sorted(tests.items()):
             fixed = str(t.get("fixed_by"))
             short = fixed.split("-", 1)[0]
@@ -49,11 +46,11 @@ def verify_rows(data: dict[str, Any], patches: Sequence[str]) -> list[str]:
             cells = []
             for s in stages:
                 cell = t.get("cells", {}).get(s, {})
-                label = LABELS.get(str(cell.get("outcome")), "?") + ("!" if cell.get("unexpected") else "")
-                cells.append(label.ljust(5))
-            name = nodeid.removeprefix("tests/executor/")
-            out.append(name.ljust(max(width, 10)) + "  " + short.ljust(8) + "  " + "  ".join(cells))
-        out.append("")
+                cells.append(
+                    LABELS.get(str(cell.get("outcome")), "?") + ("!" if cell.get("unexpected") else "")
+                )
+            rows.append([nodeid.removeprefix("tests/executor/"), short, *cells])
+        out += [*table.render(rows, widths=[10, 8, *(5 for _ in stages)], strip=False), ""]
     return out[:-1] if out else out
 
 

@@ -26,7 +26,7 @@ from typing import TextIO
 from tools.delivery import lineform
 from tools.delivery.pr_testrun import TestRun, run_test_files
 from tools.engine.series import Patch, check_fields, read_patch, read_series_names
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.gitcmd import GitError, git
 from tools.shared.layout import DEFAULT, Layout
@@ -209,11 +209,7 @@ def render(results: Sequence[Checked], version: str) -> str:
         rows.append(
             (r.name.removesuffix(".patch"), r.applies, _cell(r.base), _cell(r.fixed), "ok" if r.ok else "!")
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = [
-        "  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip()
-        for row in rows
-    ]
+    lines = table.render(rows)
     for r in results:
         base_failed = r.base.failed if r.base else []
         for test in r.tests:

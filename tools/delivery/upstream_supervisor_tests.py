@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 from collections.abc import Sequence
@@ -64,24 +62,10 @@ def ensure_sdist(version: str, layout: Layout = DEFAULT) -> Path:
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as tmp:
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary=:all:",
-                "--quiet",
-                f"{pins.SUPERVISOR.distribution}=={version}",
-                "-d",
-                tmp,
-            ]
-            env = dict(os.environ, PIP_CONSTRAINT="", PIP_REQUIRE_VIRTUALENV="0")
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+            fetch.pip_download(version, Path(tmp), pins.SUPERVISOR.distribution, sdist=True)
             got = Path(tmp) / sdist_name(version)
-            if proc.returncode != 0 or not got.is_file():
-                last = (proc.stderr.strip().splitlines() or ["no sdist arrived"])[-1]
-                raise SupervisorTestsError(f"cannot download the sdist of task-sdk {version}: {last}")
+            if not got.is_file():
+                raise SupervisorTestsError(f"pip download of task-sdk {version}'s sdist gave no {got.name}")
             os.replace(got, target)
     digest = fetch.sha256_file(target)
     if digest != expected:
@@ -170,24 +154,7 @@ def run_once(
     env.pop(upstream_tests.START_METHOD_ENV, None)
     args = ["-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", f"--timeout={PER_TEST_TIMEOUT}"]
     cmd = [str(python), *args, TEST_FILE, *extra]
-    try:
-        proc = subprocess.run(
-            cmd, cwd=tests, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        return upstream_tests.Outcome(" ".join(cmd), {}, [], None, f"timed out after {exc.timeout}s")
-    failed = [
-        ln.split(" ", 1)[1].split(" - ", 1)[0]
-        for ln in proc.stdout.splitlines()
-        if ln.startswith(("FAILED ", "ERROR "))
-    ]
-    return upstream_tests.Outcome(
-        "python -m pytest " + TEST_FILE,
-        upstream_tests.parse_counts(proc.stdout),
-        failed,
-        proc.returncode,
-        proc.stdout + proc.stderr,
-    )
+    return upstream_tests.run_pytest(cmd, tests, env, "python -m pytest " + TEST_FILE, RUN_TIMEOUT)
 
 
 def run(
@@ -218,12 +185,7 @@ def changed(outcomes: dict[str, upstream_tests.Outcome]) -> tuple[list[str], lis
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    versions = args.sdk or []
-    try:
-        if args.line:
-            versions += [pins.get_line(name).sdk_version for name in args.line]
-    except KeyError as e:
-        raise ToolError(str(e.args[0])) from None
+    versions = [*(args.sdk or []), *(line.sdk_version for line in args.line or [])]
     if not versions:
         versions = [line.sdk_version for line in pins.LINES if line.sdk_version]
     worse = False
@@ -247,7 +209,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "upstream-supervisor-tests",
         help="run each task-sdk release's own test_supervisor.py (from its sdist) unpatched and patched",
     )
-    p.add_argument("--line", action="append", help="the line's base task-sdk release (repeatable)")
+    p.add_argument(
+        "--line", action="append", type=pins.line_arg, help="the line's base task-sdk release (repeatable)"
+    )
     p.add_argument("--sdk", action="append", help="a task-sdk release the lines cover (repeatable)")
     p.add_argument("-v", "--verbose", action="store_true", help="print pytest's whole output")
     p.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments (-k, -x)")

@@ -348,25 +348,25 @@ def run_text(
             *extra,
         ]
         shown = "python -m pytest test_local_executor.py" + (f" [{start_method}]" if start_method else "")
-        try:
-            proc = subprocess.run(
-                [str(python), *args],
-                cwd=root,
-                env=run_env,
-                capture_output=True,
-                text=True,
-                timeout=RUN_TIMEOUT,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            return Outcome(shown, {}, [], None, f"timed out after {exc.timeout}s")
-    output = proc.stdout + proc.stderr
+        return run_pytest([str(python), *args], root, run_env, shown)
+
+
+def run_pytest(
+    cmd: Sequence[str], cwd: Path, env: Mapping[str, str], shown: str, timeout: float = RUN_TIMEOUT
+) -> Outcome:
+    """Run one pytest command (``-rfEs``: its failures and errors listed) and read its outcome."""
+    try:
+        proc = subprocess.run(
+            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        return Outcome(shown, {}, [], None, f"timed out after {exc.timeout}s")
     failed = [
         ln.split(" ", 1)[1].split(" - ", 1)[0]
         for ln in proc.stdout.splitlines()
         if ln.startswith(("FAILED ", "ERROR "))
     ]
-    return Outcome(shown, parse_counts(proc.stdout), failed, proc.returncode, output)
+    return Outcome(shown, parse_counts(proc.stdout), failed, proc.returncode, proc.stdout + proc.stderr)
 
 
 def run_stage(
@@ -439,7 +439,7 @@ def _cmd(args: argparse.Namespace) -> int:
     try:
         outcome, diffs = run_stage(
             args.stage,
-            line=pins.get_line(args.line) if args.line else None,
+            line=args.line,
             with_diffs=args.diffs,
             start_method=args.start_method,
             upstream=args.upstream,
@@ -453,7 +453,7 @@ def _cmd(args: argparse.Namespace) -> int:
     else:
         for failed in outcome.failed:
             print(f"  failed: {failed}")
-    line = args.line or pre_release_line().name
+    line = (args.line or pre_release_line()).name
     applied = ", ".join(d.name.split("-", 1)[0] for d in diffs) or "none"
     method = args.start_method or "default start method"
     print(
@@ -469,7 +469,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="run upstream's test_local_executor.py (with the series' diffs to it) on a 3.4 stage",
     )
     p.add_argument("--stage", type=int, required=True, help="stage K of the line: its first K patches")
-    p.add_argument("--line", help="the line (default: the pre-release line, 3.4)")
+    p.add_argument("--line", type=pins.line_arg, help="the line (default: the pre-release line, 3.4)")
     p.add_argument("--no-diffs", dest="diffs", action="store_false", help="upstream's file as it is")
     p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), help="for the whole run")
     p.add_argument(

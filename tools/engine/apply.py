@@ -47,7 +47,7 @@ from typing import Any
 
 from tools.engine import churn, fetch
 from tools.engine.series import Patch, Series, load_series, read_patch
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.gitcmd import TOOL_IDENT, GitError, git
 from tools.shared.layout import DEFAULT, REPO_TESTS_DIR, Layout
@@ -692,16 +692,12 @@ def describe_apply_error(patch: Patch, stderr: str) -> str:
 
 def render_matrix(engine: Engine, results: dict[str, LineResult]) -> str:
     names = engine.series.names
-    cols = [r.line.label for r in results.values()]
-    first = max([len("patch"), *(len(n) for n in names)])
-    widths = [max(len(c), len(RESOLUTION)) for c in cols]
-    rows = ["  ".join(["patch".ljust(first), *(c.ljust(w) for c, w in zip(cols, widths, strict=True))])]
-    for i, name in enumerate(names):
-        cells = [r.patches[i].status for r in results.values()]
-        rows.append("  ".join([name.ljust(first), *(c.ljust(w) for c, w in zip(cells, widths, strict=True))]))
+    rows = [["patch", *(r.line.label for r in results.values())]]
+    rows += [[name, *(r.patches[i].status for r in results.values())] for i, name in enumerate(names)]
+    lines = table.render(rows, widths=[0, *(len(RESOLUTION) for _ in results)])
     if not names:
-        rows.append("(patches/series lists no patches: every stage is the base)")
-    return "\n".join(r.rstrip() for r in rows)
+        lines.append("(patches/series lists no patches: every stage is the base)")
+    return "\n".join(lines)
 
 
 def render_sdk_matrix(engine: Engine, results: dict[str, LineResult]) -> str:
@@ -710,23 +706,17 @@ def render_sdk_matrix(engine: Engine, results: dict[str, LineResult]) -> str:
     if not sdks:
         return ""
     names = list(dict.fromkeys(p.name for sdk in sdks for p in sdk.patches))
-    cols = [f"{sdk.line.name}: task-sdk {sdk.version}" for sdk in sdks]
-    first = max(len("supervisor.py patch"), *(len(n) for n in names))
-    widths = [max(len(c), len(RESOLUTION)) for c in cols]
-    rows = [
-        "  ".join(
-            ["supervisor.py patch".ljust(first), *(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
-        )
-    ]
+    rows = [["supervisor.py patch", *(f"{sdk.line.name}: task-sdk {sdk.version}" for sdk in sdks)]]
     for name in names:
-        cells = [next((p.status for p in sdk.patches if p.name == name), NOT_TRIED) for sdk in sdks]
-        rows.append("  ".join([name.ljust(first), *(c.ljust(w) for c, w in zip(cells, widths, strict=True))]))
-    return "\n".join(r.rstrip() for r in rows)
+        rows.append(
+            [name, *(next((p.status for p in sdk.patches if p.name == name), NOT_TRIED) for sdk in sdks)]
+        )
+    return "\n".join(table.render(rows, widths=[0, *(len(RESOLUTION) for _ in sdks)]))
 
 
 def run_apply(
     engine: Engine,
-    lines: Sequence[str] | None = None,
+    lines: Sequence[Line | str] | None = None,
     write: bool = False,
     json_path: Path | None = None,
     out: Any = sys.stdout,
@@ -817,12 +807,14 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", help="apply the series to every line, check (or --write) derived files")
-    p.add_argument("--line", action="append", help="only this line (repeatable); default: all")
+    p.add_argument(
+        "--line", action="append", type=pins.line_arg, help="only this line (repeatable); default: all"
+    )
     p.add_argument("--write", action="store_true", help="regenerate airflow_overlay/ and tests/executor/")
     p.add_argument("--json", type=Path, help="where to write the JSON report (default build/apply.json)")
     p.set_defaults(func=_cmd_apply)
     s = sub.add_parser("stage", help="write stage K of a line (base + first K patches) as a tree")
-    s.add_argument("--line", required=True)
+    s.add_argument("--line", required=True, type=pins.line_arg)
     s.add_argument("--stage", type=int, help="number of patches applied (default: all)")
     s.add_argument("--out", type=Path, help="destination (default build/stages/LINE/K)")
     s.set_defaults(func=_cmd_stage)

@@ -22,6 +22,7 @@ from pathlib import Path
 from tools.engine import apply as engine_mod
 from tools.engine.apply import Engine, Tree
 from tools.engine.series import Patch, parse_patch, read_series_names, unreviewed
+from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.gitcmd import TOOL_IDENT, GitError, git
 from tools.shared.pins import Line
@@ -371,11 +372,13 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = sub.add_parser("checkout", help="make a git repository with one commit per patch, for editing")
-    c.add_argument("--line", default="3.3", help="release line (default: the primary, 3.3)")
+    c.add_argument(
+        "--line", default="3.3", type=pins.line_arg, help="release line (default: the primary, 3.3)"
+    )
     c.add_argument("--upto", type=int, help="only the first N patches")
     c.add_argument("dir", type=Path)
     c.set_defaults(func=_cmd_checkout)
     r = sub.add_parser("refresh", help="export a checkout's commits back to patches/ (or resolutions)")
-    r.add_argument("--line", default=None, help="default: the line the checkout was made for")
+    r.add_argument("--line", type=pins.line_arg, help="default: the line the checkout was made for")
     r.add_argument("dir", type=Path)
     r.set_defaults(func=_cmd_refresh)

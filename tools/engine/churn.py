@@ -32,7 +32,7 @@ from difflib import SequenceMatcher
 from typing import Any
 
 from tools.engine.series import Series
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.pins import UpstreamFile
 
 TARGET_PERCENT = 5
@@ -223,11 +223,6 @@ def _size(base: CodeSize | None, final: CodeSize | None, field: str) -> str:
     return f"{getattr(base, field)} -> {getattr(final, field)}"
 
 
-def _cell(column: int, text: str, width: int) -> str:
-    # why: line and file read left-aligned, the figures right-aligned (digits under digits)
-    return text.ljust(width) if column < 2 else text.rjust(width)
-
-
 def render_table(churns: Iterable[LineChurn]) -> str:
     """One row per line and file: added, churn and its share, size of the base -> the final file."""
     head = ("line", "file", "added", "churn", "churn %", "code lines", "functions")
@@ -245,8 +240,8 @@ def render_table(churns: Iterable[LineChurn]) -> str:
                     _size(f.base, f.final, "functions"),
                 )
             )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(_cell(i, c, w) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
+    # why: line and file read left-aligned, the figures right-aligned (digits under digits)
+    lines = table.render(rows, right=range(2, len(head)))
     title = (
         f"churn: lines our patches add that a later patch removes (target {TARGET_PERCENT} % of added);"
         " code lines and functions: base -> final"

@@ -94,10 +94,9 @@ def _cmd_faithful(args: argparse.Namespace) -> int:
     upstream = next((ln for ln in engine.lines if ln.prerelease), None)
     if upstream is None:
         raise ToolError("no pre-release line is pinned to stand in for upstream main")
-    names = args.line or [ln.name for ln in engine.lines if ln != upstream]
     data: dict[str, Any] = {}
-    for name in names:
-        line = engine.line(name)
+    for chosen in args.line or [ln for ln in engine.lines if ln != upstream]:
+        line = engine.line(chosen)
         k, diffs = report(engine, line, upstream)
         print(f"{line.label}, stage {k} against {upstream.label}:")
         for d in diffs:
@@ -116,6 +115,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser(
         "faithful", help="compare what the upstream patches touch on a line with the upstream base"
     )
-    p.add_argument("--line", action="append", help="only this line (repeatable); default: every release line")
+    help_ = "only this line (repeatable); default: every release line"
+    p.add_argument("--line", action="append", type=pins.line_arg, help=help_)
     p.add_argument("--json", type=Path, help="also write the comparison as JSON")
     p.set_defaults(func=_cmd_faithful)

@@ -9,6 +9,8 @@ wheels. ``read_bases(line)`` gives every pinned upstream file of a line at its r
 
 from __future__ import annotations
 
+import email.message
+import email.parser
 import functools
 import hashlib
 import os
@@ -20,7 +22,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line, Pin
@@ -52,21 +54,24 @@ def wheel_filename(version: str, distribution: str = pins.DISTRIBUTION) -> str:
     return f"{distribution.replace('-', '_')}-{version}-py3-none-any.whl"
 
 
-def pip_download(version: str, dest: Path, distribution: str = pins.DISTRIBUTION) -> None:
+def pip_download(
+    version: str, dest: Path, distribution: str = pins.DISTRIBUTION, *, sdist: bool = False
+) -> None:
+    """``distribution==version``'s wheel (``sdist``: its source archive) into ``dest``, by pip."""
+    # why isolation for an sdist: pip builds its metadata with the project's own build backend
+    form = ["--no-binary=:all:"] if sdist else ["--only-binary=:all:", "--no-build-isolation"]
+    spec = f"{distribution}=={version}"
     cmd = [
         sys.executable,
         "-m",
         "pip",
         "download",
         "--no-deps",
-        "--only-binary=:all:",
-        "--no-build-isolation",
+        *form,
         "--disable-pip-version-check",
         "--quiet",
-        f"{distribution}=={version}",
-        "-d",
-        str(dest),
     ]
+    cmd += [spec, "-d", str(dest)]
     # why: a machine-wide pip constraint file (PIP_CONSTRAINT or pip.conf) may not cover
     # or may even contradict the exact pin; the sha256 check is the pin that matters here.
     env = dict(os.environ, PIP_CONSTRAINT="", PIP_REQUIRE_VIRTUALENV="0")
@@ -76,9 +81,8 @@ def pip_download(version: str, dest: Path, distribution: str = pins.DISTRIBUTION
         if "No module named pip" in last:
             last += " (use a Python with pip: `python -m tools venv --line tools` fetches every pin)"
         raise ToolError(
-            f"cannot download {distribution}=={version}: pip exited {proc.returncode}: {last}\n"
-            f"  to reproduce: {' '.join(cmd[:1])} -m pip download --no-deps --only-binary=:all: "
-            f"{distribution}=={version} -d DIR"
+            f"cannot download {spec}: pip exited {proc.returncode}: {last}\n"
+            f"  to reproduce: {cmd[0]} -m pip download --no-deps {form[0]} {spec} -d DIR"
         )
 
 
@@ -170,13 +174,23 @@ def ensure_every_pin(layout: Layout = DEFAULT) -> list[Path]:
     ]
 
 
-def required_sdk(wheel: Path) -> str | None:
-    """The task-sdk release a core wheel requires exactly (``Requires-Dist: ...==X``), if any."""
+def wheel_metadata(wheel: Path) -> email.message.Message:
+    """The wheel's ``.dist-info/METADATA`` headers (empty when it has none)."""
     with zipfile.ZipFile(wheel) as zf:
         meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
         text = zf.read(meta).decode() if meta else ""
-    for row in text.splitlines():
-        if row.startswith("Requires-Dist:") and pins.SUPERVISOR.distribution in row:
+    return email.parser.HeaderParser().parsestr(text)
+
+
+def requires_python(wheel: Path) -> str:
+    """The wheel's ``Requires-Python`` (``>=3.10`` when it says nothing)."""
+    return str(wheel_metadata(wheel).get("Requires-Python", ">=3.10")).strip()
+
+
+def required_sdk(wheel: Path) -> str | None:
+    """The task-sdk release a core wheel requires exactly (``Requires-Dist: ...==X``), if any."""
+    for row in wheel_metadata(wheel).get_all("Requires-Dist", []):
+        if pins.SUPERVISOR.distribution in row:
             m = re.search(r"==\s*([\w.]+)", row)
             return m.group(1) if m else None
     return None
@@ -245,7 +259,5 @@ def check_pins(layout: Layout = DEFAULT, out: object = None) -> bool:
                     verdict = "requires " + (needs or "?") + ("" if agrees else " (pins.core_sdk DIFFERS)")
                     rows.append((line.name, what, "task-sdk", "ok", "-", verdict))
     header = ("line", "release", "file", "wheel", "sha256", "vs base")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print("\n".join(table.render([header, *rows])))
     return ok

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from tools.engine import fetch
 from tools.engine.venvs import (
     TEST_PACKAGES,
     UPSTREAM_TEST_PACKAGES,
-    UV_ENV,
-    find_uv,
     oldest_python,
+    run_uv,
     upstream_tests_constraints,
 )
 from tools.shared import pins
@@ -29,38 +29,21 @@ TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv
 COMPILE = ("pip", "compile", "-", "--universal", "--quiet")
 
 
-def _compile(
-    requirements: list[str],
+def compile_requirements(
+    requirements: Sequence[str],
     command: str,
     python_version: str = "3.10",
+    *,
     constraints: str | None = None,
+    exclude_newer: str | None = None,
     cwd: Path | None = None,
 ) -> str:
-    import os
-    import subprocess
-
-    extra = ["-c", constraints] if constraints else []
-    proc = subprocess.run(
-        [
-            find_uv(),
-            *COMPILE,
-            "--python-version",
-            python_version,
-            "--custom-compile-command",
-            command,
-            *extra,
-        ],
-        input="\n".join(requirements) + "\n",
-        capture_output=True,
-        text=True,
-        env={**os.environ, **UV_ENV},
-        cwd=cwd,
-        check=False,
-    )
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ToolError(f"uv pip compile of {', '.join(requirements)} failed: {last}")
-    return proc.stdout
+    """``uv pip compile`` of ``requirements`` for every Python from ``python_version`` on (markers where
+    they differ), the file's header naming ``command``; ``exclude_newer``: only what the index had then."""
+    args = [*COMPILE, "--python-version", python_version, "--custom-compile-command", command]
+    args += ["-c", constraints] if constraints else []
+    args += ["--exclude-newer", exclude_newer] if exclude_newer else []
+    return run_uv(*args, stdin="\n".join(requirements) + "\n", cwd=cwd)
 
 
 def pinned(constraints: str, name: str) -> str:
@@ -72,7 +55,7 @@ def pinned(constraints: str, name: str) -> str:
 
 
 def lock_tools(layout: Layout = DEFAULT) -> str:
-    text = _compile(list(TOOLS), "python -m tools lock --tools")
+    text = compile_requirements(list(TOOLS), "python -m tools lock --tools")
     layout.constraints.mkdir(parents=True, exist_ok=True)
     (layout.constraints / "tools.txt").write_text(text)
     return text
@@ -83,7 +66,7 @@ def lock_line(line: pins.Line, layout: Layout = DEFAULT) -> str:
     reqs = [f"{pins.DISTRIBUTION}=={line.version}", *(f"{p}=={pinned(tools, p)}" for p in TEST_PACKAGES)]
     # why: a line whose Airflow needs a newer Python (3.4 needs 3.11) cannot resolve for 3.10.
     python_version = oldest_python(fetch.ensure_wheel(line, layout))
-    text = _compile(reqs, f"python -m tools lock --line {line.name}", python_version)
+    text = compile_requirements(reqs, f"python -m tools lock --line {line.name}", python_version)
     (layout.constraints / f"{line.name}.txt").write_text(text)
     return text
 
@@ -99,7 +82,7 @@ def lock_upstream_tests(line: pins.Line | None = None, layout: Layout = DEFAULT)
     line = line or pre_release()
     python_version = oldest_python(fetch.ensure_wheel(line, layout))
     # why relative: the file records the constraints it was resolved with, the same on every machine
-    text = _compile(
+    text = compile_requirements(
         list(UPSTREAM_TEST_PACKAGES),
         f"python -m tools lock --upstream-tests --line {line.name}",
         python_version,
@@ -112,7 +95,7 @@ def lock_upstream_tests(line: pins.Line | None = None, layout: Layout = DEFAULT)
 
 def _cmd_lock(args: argparse.Namespace) -> int:
     if args.upstream_tests:
-        line = pins.get_line(args.line[0]) if args.line else pre_release()
+        line = args.line[0] if args.line else pre_release()
         lock_upstream_tests(line)
         print(f"wrote {DEFAULT.rel(upstream_tests_constraints(line))}")
         return 0
@@ -120,15 +103,15 @@ def _cmd_lock(args: argparse.Namespace) -> int:
     if args.tools or everything or not (DEFAULT.constraints / "tools.txt").exists():
         lock_tools()
         print("wrote constraints/tools.txt")
-    for name in args.line or ([line.name for line in pins.LINES] if everything else []):
-        lock_line(pins.get_line(name))
-        print(f"wrote constraints/{pins.get_line(name).name}.txt")
+    for line in args.line or (pins.LINES if everything else []):
+        lock_line(line)
+        print(f"wrote constraints/{line.name}.txt")
     return 0
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("lock", help="regenerate constraints/ with uv pip compile (needs the index)")
-    p.add_argument("--line", action="append", help="only this line (repeatable)")
+    p.add_argument("--line", action="append", type=pins.line_arg, help="only this line (repeatable)")
     p.add_argument("--tools", action="store_true", help="only constraints/tools.txt")
     p.add_argument(
         "--upstream-tests",

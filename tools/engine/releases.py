@@ -33,6 +33,7 @@ from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
+from tools.shared.table import render
 from tools.shared.versions import is_prerelease, is_release, version_key
 
 PINS_FILE = Path(pins.__file__)
@@ -40,7 +41,7 @@ PINS_FILE = Path(pins.__file__)
 
 def line_of(version: str) -> str:
     """The release line a version belongs to: "3.1.3" -> "3.1"."""
-    return ".".join(str(n) for n in version_key(version)[:2])
+    return ".".join(str(n) for n in version_key(version).release[:2])
 
 
 def verified_versions(line: Line) -> list[str]:
@@ -196,10 +197,7 @@ def format_table(rows: Sequence[Release]) -> str:
         if skipped:
             span = f"{skipped[0]}..{skipped[-1]} ({len(skipped)})" if len(skipped) > 1 else skipped[0]
             table.append((name, span, "-", "-", SKIPPED, "-"))
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
-    )
+    return "\n".join(render(table))
 
 
 def _summary(lines: Sequence[Line], rows: Sequence[Release]) -> list[str]:

@@ -15,14 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from tools.engine import fetch
 from tools.shared import pins
@@ -55,11 +56,12 @@ def find_uv() -> str:
     )
 
 
-def run_uv(*args: str, env: Mapping[str, str] | None = None) -> str:
+def run_uv(
+    *args: str, env: Mapping[str, str] | None = None, stdin: str | None = None, cwd: Path | None = None
+) -> str:
     cmd = [find_uv(), *args]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env={**os.environ, **UV_ENV, **(env or {})}, check=False
-    )
+    env = {**os.environ, **UV_ENV, **(env or {})}
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env, cwd=cwd, check=False)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()] or ["(no output)"]
         detail = next((ln for ln in lines if "error" in ln.lower()), lines[-1])
@@ -75,7 +77,7 @@ def _file_digest(path: Path) -> str | None:
     return fetch.sha256_file(path) if path.exists() else None
 
 
-def _make(
+def make(
     venv: Path,
     python: str,
     packages: Sequence[str],
@@ -83,6 +85,8 @@ def _make(
     stamp: Mapping[str, object],
     on_create: Callable[[], None] | None = None,
 ) -> Path:
+    """Python of ``venv`` with ``packages`` installed by uv under ``constraints``; remade only when
+    ``stamp`` (what it is made from) differs from the one saved beside it."""
     stamp_file = venv / "lepatch-stamp.json"
     py = _venv_python(venv)
     if py.exists() and stamp_file.exists():
@@ -117,11 +121,8 @@ def _python_identity(python: str) -> str:
 
 def oldest_python(wheel: Path) -> str:
     """The lowest Python the wheel's ``Requires-Python`` admits ("3.11" for 3.4.0b2), else 3.10."""
-    with zipfile.ZipFile(wheel) as zf:
-        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        text = zf.read(meta).decode()
-    m = re.search(r"^Requires-Python:.*>=\s*(\d+\.\d+)", text, re.M)
-    return m.group(1) if m else "3.10"
+    floors = [Version(s.version) for s in SpecifierSet(fetch.requires_python(wheel)) if s.operator == ">="]
+    return ".".join(map(str, max(floors).release[:2])) if floors else "3.10"
 
 
 def interpreter_for(wheel: Path, python: str | None = None) -> str:
@@ -213,7 +214,7 @@ def ensure(
     }
     if upstream_tests:
         stamp["upstream_tests_constraints_sha256"] = _file_digest(files[1])
-    return _make(layout.build / "venvs" / name, python, [*wheels, *packages], files, stamp)
+    return make(layout.build / "venvs" / name, python, [*wheels, *packages], files, stamp)
 
 
 def release_pins(core: str, sdk: str | None = None) -> tuple[pins.Pin, pins.Pin]:
@@ -269,7 +270,7 @@ def ensure_release(
     }
     what = ", ".join([f"apache-airflow-core {core}", f"apache-airflow-task-sdk {sdk}", *packages])
     creating = None if say is None else (lambda: say(f"creating {layout.rel(venv)}: {what} (uv)"))
-    return _make(venv, python, [*map(str, wheels), *packages], constraints, stamp, creating)
+    return make(venv, python, [*map(str, wheels), *packages], constraints, stamp, creating)
 
 
 def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:
@@ -283,7 +284,7 @@ def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:
         "constraints_sha256": _file_digest(constraints),
         "packages": list(TOOLS_TEST_PACKAGES),
     }
-    return _make(layout.build / "venvs" / "tools", python, list(TOOLS_TEST_PACKAGES), constraints, stamp)
+    return make(layout.build / "venvs" / "tools", python, list(TOOLS_TEST_PACKAGES), constraints, stamp)
 
 
 def purelib(python: Path | str) -> Path:

@@ -42,9 +42,10 @@ from tools.engine import apply as engine_mod
 from tools.engine import final_record, venvs
 from tools.engine.fixed_by_plugin import RECORD_ENV
 from tools.engine.series import fixed_by_markers
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.layout import Layout
+from tools.shared.pins import Line
 
 PASS, FAIL, ERROR, SKIP, MISSING = "pass", "fail", "error", "skip", "missing"
 # A stage before the one preceding the test's patch, not run by the default plan; never unexpected.
@@ -167,11 +168,7 @@ def evaluate(
 
 
 def render(title: str, ev: Evaluation, series: Sequence[str]) -> str:
-    names = {nodeid: re.sub(r"^tests/executor/", "", nodeid) for nodeid in ev.rows}
-    first = max([len(title), *(len(n) for n in names.values())])
-    cols = [str(k) for k in ev.stages]
-    width = 5
-    lines = ["  ".join([title.ljust(first), "fixed by".ljust(8), *(c.ljust(width) for c in cols)])]
+    rows = [[title, "fixed by", *(str(k) for k in ev.stages)]]
     for nodeid, row in ev.rows.items():
         patch = ev.fixed_by.get(nodeid) or "?"
         short = patch.split("-", 1)[0]
@@ -181,8 +178,8 @@ def render(title: str, ev: Evaluation, series: Sequence[str]) -> str:
             short += " up"
         if nodeid in ev.elsewhere:
             short += " -"
-        cells = [row[k].label().ljust(width) for k in ev.stages]
-        lines.append("  ".join([names[nodeid].ljust(first), short.ljust(8), *cells]))
+        rows.append([re.sub(r"^tests/executor/", "", nodeid), short, *(row[k].label() for k in ev.stages)])
+    lines = table.render(rows, widths=[0, 8, *(5 for _ in ev.stages)])
     if any(c.outcome == CANNOT_RUN for row in ev.rows.values() for c in row.values()):
         lines.append("n/a = cannot run on that stage (it lacks an executor attribute the test drives)")
     if any(c.upstream for row in ev.rows.values() for c in row.values()):
@@ -418,7 +415,7 @@ def _verify_line(
 
 def run_verify(
     engine: engine_mod.Engine,
-    lines: Sequence[str] | None = None,
+    lines: Sequence[Line | str] | None = None,
     stage_range: str | None = None,
     select: str | None = None,
     allow_drift: bool = False,
@@ -496,7 +493,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("verify", help="run each fixed_by test on the stages that decide it, on every line")
-    p.add_argument("--line", action="append", help="only this line (repeatable)")
+    p.add_argument("--line", action="append", type=pins.line_arg, help="only this line (repeatable)")
     p.add_argument("--stage-range", help="K, A-B, A- or -B (default: every stage)")
     p.add_argument("-k", help="pytest -k expression, passed through")
     p.add_argument("--jobs", type=int, default=1, help="lines run side by side (default 1)")

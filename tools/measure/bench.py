@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.engine import fetch, venvs
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
@@ -144,35 +143,14 @@ def stage_python(line: Line, stage: Stage, layout: Layout = DEFAULT, python: str
         raise ToolError(
             f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
         )
-    venv = layout.build / "stage-venvs" / line.name / stage.column
-    py = venv / "bin" / "python"
-    stamp_file = venv / "lepatch-stamp.json"
     stamp = {
         "python": str(Path(python).resolve()),
         "wheel_sha256": line.wheel_sha256,
         "constraints_sha256": fetch.sha256_file(constraints),
     }
-    current = json.loads(stamp_file.read_text()) if stamp_file.exists() and py.exists() else None
-    if current != stamp:
-        wheel = fetch.ensure_wheel(line, layout)
-        if venv.exists():
-            shutil.rmtree(venv)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        venvs.run_uv("venv", "--quiet", "-p", python, str(venv))
-        # why copy: uv hardlinks from its cache by default, and a file swapped in place in any
-        # venv sharing that inode would change the "base" of every other one.
-        venvs.run_uv(
-            "pip",
-            "install",
-            "--quiet",
-            "--python",
-            str(py),
-            "-c",
-            str(constraints),
-            str(wheel),
-            env={"UV_COMPILE_BYTECODE": "1", "UV_LINK_MODE": "copy"},
-        )
-        stamp_file.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+    venv = layout.build / "stage-venvs" / line.name / stage.column
+    # why no copy of uv's hardlinked files: install_executor replaces the file, never writes through it
+    py = venvs.make(venv, python, [str(fetch.ensure_wheel(line, layout))], constraints, stamp)
     target = venvs.install_executor(py, stage.source)
     if target.read_bytes() != stage.source:
         raise ToolError(f"{target}: installing stage {stage.short} of {line.name} did not take")
@@ -598,7 +576,6 @@ def fmt_number(x: float) -> str:
 
 def render(results: Results, table_rows: list[Row], columns: list[tuple[str, str]]) -> str:
     """Rows x columns; each cell ``median (ratio to base)``, ``!`` when some runs gave no figure."""
-    label_w = max(len(f"{r.label} ({r.unit})") for r in table_rows) + 1
     header_cells = [title for _, title in columns]
     body: list[list[str]] = []
     for row in table_rows:
@@ -616,12 +593,14 @@ def render(results: Results, table_rows: list[Row], columns: list[tuple[str, str
             mark = "!" if cell.outcomes else ""
             line.append(f"{fmt_number(cell.value)} ({'-' if r is None else f'{r:.2f}'}){mark}")
         body.append(line)
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header_cells)]
-    out = [" " * label_w + "  ".join(h.rjust(w) for h, w in zip(header_cells, widths, strict=True))]
-    for row, line in zip(table_rows, body, strict=True):
-        label = f"{row.label} ({row.unit})"
-        out.append(label.ljust(label_w) + "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
-    return "\n".join(out)
+    return _labelled(header_cells, [f"{r.label} ({r.unit})" for r in table_rows], body)
+
+
+def _labelled(header: list[str], labels: list[str], body: list[list[str]]) -> str:
+    """The figures right-aligned, each row after its label and a space."""
+    width = max(map(len, labels)) + 1
+    lines = table.render([header, *body], right=range(len(header)), strip=False)
+    return "\n".join(label.ljust(width) + line for label, line in zip(["", *labels], lines, strict=True))
 
 
 def render_spread(results: Results, table_rows: list[Row], columns: list[tuple[str, str]]) -> str:
@@ -643,15 +622,7 @@ def render_spread(results: Results, table_rows: list[Row], columns: list[tuple[s
             kept.append(row)
     if not kept:
         return ""
-    label_w = max(len(f"{r.label} ({r.unit})") for r in kept) + 1
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    out = [" " * label_w + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    for row, line in zip(kept, body, strict=True):
-        out.append(
-            f"{row.label} ({row.unit})".ljust(label_w)
-            + "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True))
-        )
-    return "\n".join(out)
+    return _labelled(header, [f"{r.label} ({r.unit})" for r in kept], body)
 
 
 def targets(results: Results, cfg: Config, last: str) -> list[str]:
@@ -859,7 +830,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def run_bench(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
-    line = pins.get_line(args.line) if args.line else pins.PRIMARY
+    line: Line = args.line
     cfg = config_from_args(args)
     stages = load_stages(line, parse_stages(args.stages))
     extras = [parse_extra(text) for text in args.extra or []]
@@ -924,7 +895,9 @@ def run_bench(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="dispatch cost, throughput and recovery per stage, as ratios to base")
-    p.add_argument("--line", help=f"release line (default {pins.PRIMARY.name})")
+    p.add_argument(
+        "--line", type=pins.line_arg, default=pins.PRIMARY.name, help="release line (default %(default)s)"
+    )
     p.add_argument("--stages", help="stages to measure, e.g. 0,3,5-8 (default: all; base is always included)")
     p.add_argument("--runs", type=int, help="samples per dispatch figure and stage (default 20; --quick 3)")
     p.add_argument("--rounds", type=int, help="interleaved round-robin passes (default 2)")

@@ -50,6 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil  # in every stage venv: Airflow depends on it
+
 HARNESS_DIR = Path(__file__).resolve().parents[2] / "tests" / "executor"
 if str(HARNESS_DIR) not in sys.path:
     sys.path.insert(0, str(HARNESS_DIR))
@@ -168,10 +170,9 @@ def _drain_events(executor: Any, terminal: set[Any]) -> int:
 def _dead(pid: int) -> bool:
     """A zombie or gone: nothing of it runs any more (its parent may not have reaped it yet)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return True
-    return stat[stat.rindex(")") + 2] in "ZX"
 
 
 def _end(executor: Any, watch: Watch) -> None:

@@ -48,7 +48,7 @@ from typing import Any
 
 from tools.engine.series import read_series_names
 from tools.measure.bench import Stage, load_stages, parse_stages, run_probe, stage_python
-from tools.shared import pins
+from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
@@ -413,10 +413,7 @@ def render(summaries: Sequence[StageSummary]) -> str:
                 *([f"{s.orphans}{'' if s.orphans_claimed else '*'}"] if orphans else []),
             ]
         )
-    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in body]
-    return "\n".join(lines)
+    return "\n".join(table.render([header, *body], right=range(len(header)), strip=False))
 
 
 def render_orphans_note(summaries: Sequence[StageSummary], claimed_from: int | None) -> str:
@@ -473,7 +470,7 @@ def _replay_command(line: Line, stage: Stage, ref: str) -> str:
 
 
 def run_chaos(args: argparse.Namespace, layout: Layout = DEFAULT) -> int:
-    line = pins.get_line(args.line) if args.line else pins.PRIMARY
+    line: Line = args.line
     wanted = parse_stages(args.stages)
     stages = load_stages(line, wanted)
     claimed_from = orphans_claimed_from(read_series_names(layout.series_file))
@@ -575,7 +572,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser(
         "chaos", help="seeded soak with SIGKILL/SIGTERM faults per stage, checked by invariants"
     )
-    p.add_argument("--line", help=f"release line (default {pins.PRIMARY.name})")
+    p.add_argument(
+        "--line", type=pins.line_arg, default=pins.PRIMARY.name, help="release line (default %(default)s)"
+    )
     p.add_argument("--stages", help="stages to soak, e.g. 0,3,5-8 (default: all)")
     p.add_argument("--runs", type=int, default=DEFAULT_RUNS, help=f"runs per stage (default {DEFAULT_RUNS})")
     p.add_argument("--seed", type=int, help=f"seed of the schedules (default {DEFAULT_SEED})")

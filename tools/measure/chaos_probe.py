@@ -48,6 +48,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import psutil  # in every stage venv: Airflow depends on it
+
 HERE = Path(__file__).resolve().parent
 HARNESS_DIR = HERE.parents[1] / "tests" / "executor"
 if str(HARNESS_DIR) not in sys.path:
@@ -78,7 +80,8 @@ WRITE_WCHANS = ("pipe_write", "anon_pipe_write", "pipe_wait_writable")
 
 
 def proc_state(pid: int, starttime: str) -> str:
-    """Process ``pid``'s state in ``/proc`` (R, S, D, Z, X, ...); "gone" if that process is not there."""
+    """Process ``pid``'s state in ``/proc`` (R, S, D, Z, X, ...); "gone" if that process is not there.
+    Read from /proc: the chaos JSON records the kernel's state letter and start-time ticks."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
@@ -228,24 +231,19 @@ def record_change_state(executor: Any, events: list[list[Any]], t0: float, on_te
 
 def worker_pids() -> list[int]:
     """This process's live LocalExecutor workers (by process title; not the resource tracker)."""
-    me = os.getpid()
     pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for child in psutil.Process().children():
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[1]) != me or fields[0] in ("Z", "X"):
-                continue
-            if b"LocalExecutor" in Path(f"/proc/{entry}/cmdline").read_bytes():
-                pids.append(int(entry))
-        except (FileNotFoundError, ProcessLookupError, ValueError):
+            alive = child.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+            if alive and "LocalExecutor" in " ".join(child.cmdline()):
+                pids.append(child.pid)
+        except psutil.NoSuchProcess:
             continue
     return sorted(pids)
 
 
 def wchans(pid: int) -> list[str]:
+    """What each thread sleeps in (psutil does not say: /proc/PID/task/TID/wchan)."""
     out = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):

@@ -58,6 +58,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.shared import table
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 
@@ -544,8 +545,7 @@ def render_table(outcomes: Sequence[Outcome]) -> list[str]:
         rows.append(
             (o.check.name, o.check.bounds(), f"{o.pan.states:,}", f"{o.pan.seconds:.1f}s", o.verdict, mark)
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return table.render(rows)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from tools.shared.errors import ToolError
 from tools.shared.versions import version_key
 
 DISTRIBUTION = "apache-airflow-core"
@@ -350,14 +349,21 @@ def get_line(name: str) -> Line:
     raise KeyError(f"unknown release line {name!r}; pinned lines: {known}")
 
 
+def line_arg(name: str) -> Line:
+    """The ``type=`` of every ``--line``: the line a name or covered version names, resolved as the
+    arguments are parsed (argparse reports an unknown one with the pinned lines)."""
+    try:
+        return get_line(name)
+    except KeyError as e:
+        raise argparse.ArgumentTypeError(str(e.args[0])) from None
+
+
 def add_line_options(parser: argparse.ArgumentParser) -> None:
     """``--line`` (repeatable) for a command that works on every pinned line by default."""
-    parser.add_argument("--line", action="append", help="only this line (repeatable; default: every line)")
+    help_ = "only this line (repeatable; default: every line)"
+    parser.add_argument("--line", action="append", type=line_arg, help=help_)
 
 
 def selected_lines(args: argparse.Namespace) -> list[Line]:
     """The lines ``add_line_options``' ``--line`` names, in the order given; every line without one."""
-    try:
-        return [get_line(name) for name in args.line] if args.line else list(LINES)
-    except KeyError as e:
-        raise ToolError(str(e.args[0])) from None
+    return list(args.line or LINES)

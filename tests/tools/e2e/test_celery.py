@@ -89,16 +89,16 @@ def test_e2e_lock_celery_writes_its_own_file_with_the_provider(
     )
     asked: list[str] = []
 
-    def fake_uv(*args: str) -> str:
-        asked.append(Path(args[2]).read_text())
+    def fake_compile(requirements: list[str], *args: str, **kw: str) -> str:
+        asked.append("\n".join(requirements))
         return f"apache-airflow=={line.version}\napache-airflow-providers-celery==3.24.0\ncelery==5.6.3\n"
 
-    target = lock.lock_line(line, Layout(root=tmp_path), lambda name: {}, fake_uv, celery=True)
+    target = lock.lock_line(line, Layout(root=tmp_path), lambda name: {}, fake_compile, celery=True)
     assert target == tmp_path / "constraints" / "e2e-celery-3.3.txt"
     assert asked[0].startswith(f"apache-airflow[postgres,celery]=={line.version}\n")
     assert "with CeleryExecutor" in target.read_text().splitlines()[0]
 
-    def no_provider(*args: str) -> str:
+    def no_provider(*args: object, **kw: str) -> str:
         return f"apache-airflow=={line.version}\n"
 
     with pytest.raises(ToolError, match="did not pin apache-airflow-providers-celery"):

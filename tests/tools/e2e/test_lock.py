@@ -67,17 +67,15 @@ def test_lock_line_compiles_as_of_the_cutoff(tmp_path: Path, monkeypatch: pytest
     layout = Layout(root=tmp_path)
     monkeypatch.setattr(fetch, "ensure_wheel", lambda line, layout: Path("unused.whl"))
     monkeypatch.setattr(lock, "oldest_python", lambda wheel: "3.10")
-    seen: list[tuple[str, ...]] = []
+    seen: list[dict[str, Any]] = []
 
-    def fake_uv(*args: str) -> str:
-        seen.append(args)
+    def fake_compile(requirements: list[str], command: str, python_version: str, **kw: str) -> str:
+        seen.append({"python_version": python_version, **kw})
         return f"apache-airflow=={LINE.version}\npydantic==2.13.4\n"
 
-    target = lock.lock_line(LINE, layout, pages().__getitem__, fake_uv)
+    target = lock.lock_line(LINE, layout, pages().__getitem__, fake_compile)
     assert target == tmp_path / "constraints" / "e2e-3.2.txt"
-    args = seen[0]
-    assert args[args.index("--exclude-newer") + 1] == "2026-05-29T06:22:00Z"
-    assert args[args.index("--python-version") + 1] == "3.10"
+    assert seen == [{"python_version": "3.10", "exclude_newer": "2026-05-29T06:22:00Z"}]
     text = target.read_text()
     assert text.startswith("# The e2e environment of 3.2 (3.2.2), as of 2026-05-29T06:22:00Z")
     assert "pydantic==2.13.4" in text
@@ -102,23 +100,22 @@ def test_lock_core_compiles_another_release_as_of_its_own_day(
             "apache-airflow", {"apache_airflow-3.2.0-py3-none-any.whl": "2026-03-02T10:05:00Z"}
         ),
     }
-    seen: list[tuple[str, ...]] = []
-    requirements: list[str] = []
+    seen: list[tuple[list[str], str, str, str]] = []
 
-    def fake_uv(*args: str) -> str:
-        seen.append(args)
-        requirements.append(Path(args[2]).read_text())
+    def fake_compile(requirements: list[str], command: str, python_version: str, exclude_newer: str) -> str:
+        seen.append((requirements, command, python_version, exclude_newer))
         return "apache-airflow==3.2.0\naiosqlite==0.21.0\n"
 
-    target = lock.lock_line(LINE, layout, fake.__getitem__, fake_uv, core="3.2.0")
+    target = lock.lock_line(LINE, layout, fake.__getitem__, fake_compile, core="3.2.0")
     assert target == tmp_path / "constraints" / "e2e-3.2.0.txt"
-    args = seen[0]
-    assert args[args.index("--exclude-newer") + 1] == "2026-03-02T11:05:00Z"  # 3.2.0's day, not 3.2.2's
-    assert args[args.index("--python-version") + 1] == "from 3.2.0.whl"
-    assert (
-        args[args.index("--custom-compile-command") + 1] == "python -m tools e2e-lock --line 3.2 --core 3.2.0"
-    )
-    assert requirements == ["apache-airflow[postgres]==3.2.0\napache-airflow-core==3.2.0\n"]
+    assert seen == [
+        (
+            ["apache-airflow[postgres]==3.2.0", "apache-airflow-core==3.2.0"],
+            "python -m tools e2e-lock --line 3.2 --core 3.2.0",
+            "from 3.2.0.whl",
+            "2026-03-02T11:05:00Z",  # 3.2.0's day, not 3.2.2's
+        )
+    ]
     assert target.read_text().startswith(
         "# The e2e environment of 3.2 (3.2.2) on apache-airflow-core 3.2.0, as of"
     )

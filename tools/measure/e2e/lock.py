@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 import urllib.request
-import zipfile
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from tools.engine import fetch, venvs
+from tools.engine import fetch
+from tools.engine.lock import compile_requirements
+from tools.engine.venvs import oldest_python
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
@@ -90,15 +90,6 @@ def release_cutoff(line: pins.Line, simple: SimplePage = pypi_simple, core: str 
     return max(times) + MARGIN
 
 
-def oldest_python(wheel: Path) -> str:
-    """The lowest Python the wheel's ``Requires-Python`` admits (3.10 when it says nothing)."""
-    with zipfile.ZipFile(wheel) as zf:
-        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        text = zf.read(meta).decode()
-    found = re.search(r"^Requires-Python:.*>=\s*(\d+\.\d+)", text, re.M)
-    return found.group(1) if found else "3.10"
-
-
 def constraints_path(
     line: pins.Line, layout: Layout = DEFAULT, celery: bool = False, core: str | None = None
 ) -> Path:
@@ -117,7 +108,7 @@ def lock_line(
     line: pins.Line,
     layout: Layout = DEFAULT,
     simple: SimplePage = pypi_simple,
-    compile_: Callable[..., str] = venvs.run_uv,
+    compile_: Callable[..., str] = compile_requirements,
     celery: bool = False,
     core: str | None = None,
 ) -> Path:
@@ -139,22 +130,8 @@ def lock_line(
     command = f"python -m tools e2e-lock --line {line.name}" + (" --celery" if celery else "")
     if core != line.version:
         command += f" --core {core}"
-    with tempfile.TemporaryDirectory(prefix="lepatch-e2e-lock-") as tmp:
-        requirements = Path(tmp) / "e2e.in"
-        requirements.write_text(f"apache-airflow[{extras(celery)}]=={core}\n{pins.DISTRIBUTION}=={core}\n")
-        text = compile_(
-            "pip",
-            "compile",
-            str(requirements),
-            "--universal",
-            "--quiet",
-            "--python-version",
-            python,
-            "--exclude-newer",
-            stamp,
-            "--custom-compile-command",
-            command,
-        )
+    requirements = [f"apache-airflow[{extras(celery)}]=={core}", f"{pins.DISTRIBUTION}=={core}"]
+    text = compile_(requirements, command, python, exclude_newer=stamp)
     if not re.search(rf"^apache-airflow=={re.escape(core)}\s*$", text, re.M):
         raise ToolError(f"uv pip compile for the {line.name} line did not pin apache-airflow=={core}")
     if celery and not re.search(r"^apache-airflow-providers-celery==", text, re.M):
