@@ -106,7 +106,9 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
             # the part of its "data" filter an sdist's tests/ tree needs: plain files and
             # directories, each staying under dest.
             if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in parts:
-                raise SupervisorTestsError(f"{sdist.name}: refusing member {m.name!r} (not a plain file under tests/)")
+                raise SupervisorTestsError(
+                    f"{sdist.name}: refusing member {m.name!r} (not a plain file under tests/)"
+                )
             m.mode = 0o755 if m.isdir() else 0o644
         if hasattr(tarfile, "data_filter"):
             tf.extractall(dest, members=wanted, filter="data")
