@@ -62,8 +62,7 @@ def verify(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Check code style (ruff), standard-library calls newer than Python 3.10 (vermin), and the
-    patches' headers, order and resolutions (lint-series)."""
+    """Check code style (ruff), stdlib calls newer than Python 3.10 (vermin) and the patches (lint-series)."""
     install(session, "ruff", "vermin")
     session.run("ruff", "check", *LINT_PATHS)
     session.run("ruff", "format", "--check", *LINT_PATHS)
