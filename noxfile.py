@@ -140,7 +140,7 @@ def soak(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def overlay(session: nox.Session) -> None:
-    """Install, check or remove the fix in your Airflow: `-- install --python ENV/bin/python`."""
+    """Print the pip commands that install the fix on every host: `-- --release 3.3.2` or `-- --python PY`."""
     run_tools(session, "overlay", *session.posargs)
 
 
