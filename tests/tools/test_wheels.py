@@ -398,6 +398,7 @@ def test_overlay_with_python_reads_the_release_and_names_a_retired_overlay(
     assert f"uv pip install --python {python} --upgrade --find-links dist/wheels '{CORE}=={version}'" in out
     assert f"{CORE} {version}, {SDK} not installed" in out
     assert "left by the retired overlay installer" in out
+    assert f"uv pip install --python {python} --reinstall --no-deps '{SDK}===" in out
 
 
 # ------------------------------------------------------------- e2e --install wheels

@@ -54,7 +54,8 @@ def commands(version: str, wheels_dir: str = "dist/wheels", pip_install: str = "
     line, core, sdk = release_of(version)
     label = wheels.local_label()
     install = f"{pip_install} --upgrade --find-links {wheels_dir} '{CORE}=={core}' '{SDK}=={sdk}'"
-    back = f"{pip_install} --force-reinstall --no-deps '{SDK}==={sdk}' '{CORE}==={core}'"
+    reinstall = "--reinstall" if pip_install.startswith("uv ") else "--force-reinstall"  # uv's word for it
+    back = f"{pip_install} {reinstall} --no-deps '{SDK}==={sdk}' '{CORE}==={core}'"
     hosts = "\n".join(f"   {name}: {what}" for name, what in HOSTS)
     image = f"pip install --upgrade --find-links /wheels '{CORE}=={core}' '{SDK}=={sdk}'"
     return f"""\
