@@ -20,6 +20,8 @@ it writes entries sorted, so the same checkout builds the same bytes.
 ``<N>`` is ``nox -s package``'s post-release number (the series length plus the re-cut offset), so a
 later series sorts higher. Each dist-info carries ``lepatch.json``: the series, the patches that
 touch the distribution's files, the source wheel's sha256, and each file's sha256 before and after.
+``inspect`` reads that record back from an installed environment (without importing Airflow) and
+checks each file against it: pip has no command that does.
 """
 
 from __future__ import annotations
