@@ -25,7 +25,7 @@ COMMAND_MODULES = (
     "tools.engine.venvs",
     "tools.engine.lock",
     "tools.delivery.newsfragments",
-    "tools.delivery.overlay_install",
+    "tools.delivery.install_commands",
     "tools.delivery.package",
     "tools.delivery.wheels_check",
     "tools.delivery.backport",

@@ -36,6 +36,7 @@ FOREIGN_OPTIONS = {
     "--find-links",
     "--extra-index-url",
     "--force-reinstall",
+    "--upgrade",  # pip install's: the patched wheels over PyPI's build of the same release
     "--require-hashes",
     "--apps",  # airflow api-server's: which of its apps a process serves
 }
@@ -253,7 +254,7 @@ def test_the_checks_report_what_a_reader_would_trip_on() -> None:
         "option '--every-line' (in `--every-line`)"
     ]
     assert (
-        stray_options("`nox -s overlay`: `restore --force`; `nox -s tests -- --line 3.2`, `--line tools`")
+        stray_options("`nox -s overlay`: `--release 3.3.2`; `nox -s tests -- --line 3.2`, `--line tools`")
         == []
     )
 

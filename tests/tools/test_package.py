@@ -243,7 +243,7 @@ def test_another_line_is_refused_naming_both_versions_and_the_wheel(verified):
 def test_a_task_sdk_it_was_not_verified_with_is_refused(verified):
     msg = verified.problem("3.3.0", "1.3.0")  # core 3.3.0 requires task-sdk 1.3.0: advise the pair pip takes
     assert "`pip install 'apache-airflow-core==3.3.2' 'apache-airflow-task-sdk==1.3.2'`" in msg
-    assert msg.endswith("(`nox -s overlay -- install`), verified with apache-airflow-task-sdk 1.3.0")
+    assert msg.endswith("(`nox -s overlay -- --release 3.3.0`), verified with apache-airflow-task-sdk 1.3.0")
     assert "overlay" not in verified.problem("3.3.2", "1.2.2")
     msg = verified.problem("3.2.2", "1.2.0")
     assert f"install airflow_localexecutor_patched-3.2.2.post{SERIES}-py3-none-any.whl instead" in msg

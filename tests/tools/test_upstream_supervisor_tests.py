@@ -17,7 +17,7 @@ from tools.shared.layout import Layout
 
 def make_sdist(path: Path, version: str, members: dict[str, bytes]) -> Path:
     root = f"apache_airflow_task_sdk-{version}"
-    with tarfile.open(path, "w:gz") as tf:
+    with tarfile.open(path, "w:gz" if path.suffix == ".gz" else "w") as tf:
         for name, data in members.items():
             info = tarfile.TarInfo(f"{root}/{name}")
             info.size = len(data)
@@ -62,6 +62,28 @@ def test_only_the_sdists_tests_tree_is_extracted(tmp_path: Path) -> None:
     bare = make_sdist(tmp_path / "bare.tar.gz", "9.9.9", {"tests/conftest.py": b""})
     with pytest.raises(ust.SupervisorTestsError, match=f"has no tests/{ust.TEST_FILE}"):
         ust.extract_tests(bare, tmp_path / "out2")
+
+
+@pytest.mark.parametrize("data_filter", [True, False], ids=["filter", "no-filter"])
+def test_a_member_leaving_the_tests_tree_is_refused_with_or_without_tarfiles_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_filter: bool
+) -> None:
+    if not data_filter:  # Debian 12's 3.11.2 has no tarfile.data_filter (nor extractall's filter=)
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    good = {f"tests/{ust.TEST_FILE}": b"def test_x(): pass\n"}
+    tests = ust.extract_tests(make_sdist(tmp_path / "ok.tar.gz", "9.9.9", good), tmp_path / "ok")
+    assert (tests / ust.TEST_FILE).read_bytes() == b"def test_x(): pass\n"
+    evil = make_sdist(tmp_path / "evil.tar.gz", "9.9.9", {**good, "tests/../../escaped.py": b"x"})
+    with pytest.raises(ust.SupervisorTestsError, match="refusing member"):
+        ust.extract_tests(evil, tmp_path / "evil")
+    link = make_sdist(tmp_path / "link.tar", "9.9.9", good)  # uncompressed: "a" appends to it
+    with tarfile.open(link, "a") as tf:
+        sym = tarfile.TarInfo("apache_airflow_task_sdk-9.9.9/tests/etc")
+        sym.type, sym.linkname = tarfile.SYMTYPE, "/etc"
+        tf.addfile(sym)
+    with pytest.raises(ust.SupervisorTestsError, match="refusing member 'tests/etc'"):
+        ust.extract_tests(link, tmp_path / "linked")
+    assert not (tmp_path / "escaped.py").exists()
 
 
 def test_every_covered_release_has_a_pinned_sdist_and_others_are_refused() -> None:

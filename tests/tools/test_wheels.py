@@ -18,8 +18,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from tools.delivery import overlay_install as oi
-from tools.delivery import package, wheels
+from tools.delivery import install_commands, package, wheels
 from tools.shared import pins
 from tools.shared.layout import Layout
 
@@ -288,7 +287,7 @@ def test_the_index_is_pep_503(synthetic: Synthetic, tmp_path: Path) -> None:
     assert "apache_airflow_core" not in page
 
 
-# ------------------------------------------------------------- overlay status
+# ------------------------------------------------------------- an installed environment
 
 
 def fake_installed(root: Path, wheel: Path) -> Path:
@@ -300,7 +299,7 @@ def fake_installed(root: Path, wheel: Path) -> Path:
     return root / "bin" / "python"
 
 
-def test_overlay_status_reports_patched_wheels_and_a_file_changed_since(tmp_path: Path) -> None:
+def test_inspect_reports_patched_wheels_and_a_file_changed_since(tmp_path: Path) -> None:
     label = "lepatch.19"
     version = f"{pins.PRIMARY.version}+{label}"
     after = b"# patched executor\n"
@@ -312,24 +311,94 @@ def test_overlay_status_reports_patched_wheels_and_a_file_changed_since(tmp_path
         "files": [{"path": EXECUTOR, "sha256_before": "0" * 64, "sha256_after": _hash(after)}],
     }
     (site / f"apache_airflow_core-{version}.dist-info" / wheels.RECORD_NAME).write_text(json.dumps(rec))
-    inst = oi.OverlayInstaller(python, out=io.StringIO())
-    st = inst.status()
-    assert st.state is oi.OverlayState.WHEEL and st.state.healthy
-    assert f"{CORE} {version} (1 file(s), 2 patch(es))" in st.describe()
-    with pytest.raises(oi.OverlayError, match="the patched wheels carry the series already"):
-        inst.install()
+    env = wheels.inspect(python)
+    assert env.versions == {CORE: version} and not env.changed() and not env.has_pip
+    assert f"{CORE} {version} (1 file(s), 2 patch(es))" in env.describe()
+    assert env.pip_install() == f"uv pip install --python {python}"
     (site / EXECUTOR).write_bytes(after + b"# edited\n")
-    st = inst.status()
-    assert st.state is oi.OverlayState.MODIFIED and not st.state.healthy
-    assert f"{site / EXECUTOR} (sha256" in st.describe()
+    (changed,) = wheels.inspect(python).changed()
+    assert changed.startswith(f"{site / EXECUTOR} (sha256 ") and f"installed {_hash(after)[:12]})" in changed
+    report, rc = install_commands.environment_report(wheels.inspect(python))
+    assert rc == 3 and "changed since" in report
 
 
-def test_overlay_status_without_the_wheels_record_is_foreign(tmp_path: Path) -> None:
+def test_a_local_version_without_the_record_is_not_taken_for_the_patched_wheels(tmp_path: Path) -> None:
     version = f"{pins.PRIMARY.version}+lepatch.19"
     python = fake_installed(tmp_path / "env", make_wheel(tmp_path / "w", CORE, version, {EXECUTOR: b"x\n"}))
-    st = oi.OverlayInstaller(python, out=io.StringIO()).status()
-    assert st.state is oi.OverlayState.FOREIGN
-    assert "without its lepatch.json" in st.describe()
+    env = wheels.inspect(python)
+    assert not env.records and "without its lepatch.json" in env.describe()
+
+
+def test_inspect_reads_one_record_per_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = pins.UpstreamFile(
+        "revoked_token.py", CORE, "airflow/models/revoked_token.py", "x/revoked_token.py", "x", "tests/x"
+    )
+    monkeypatch.setattr(pins, "UPSTREAM_FILES", (*pins.UPSTREAM_FILES, extra))
+    version = f"{pins.PRIMARY.version}+lepatch.19"
+    files = {EXECUTOR: b"# patched executor\n", extra.package_path: b"# patched token\n"}
+    python = fake_installed(tmp_path / "env", make_wheel(tmp_path / "w", CORE, version, files))
+    site = python.parents[1] / "lib" / PY_DIR / "site-packages"
+    rec = {
+        "series": {"patches": ["a"]},
+        "files": [{"path": p, "sha256_before": "0" * 64, "sha256_after": _hash(d)} for p, d in files.items()],
+    }
+    (site / f"apache_airflow_core-{version}.dist-info" / wheels.RECORD_NAME).write_text(json.dumps(rec))
+    env = wheels.inspect(python)
+    assert env.describe().count(CORE) == 1 and "(2 file(s), 1 patch(es))" in env.describe()
+    (site / extra.package_path).write_bytes(b"# edited\n")
+    assert [extra.package_path in c for c in wheels.inspect(python).changed()] == [True]
+
+
+def test_an_interpreter_that_cannot_run_is_named_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(wheels.WheelsError, match="no such interpreter"):
+        wheels.inspect(tmp_path / "nope")
+    with pytest.raises(wheels.WheelsError, match="a directory, not an interpreter"):
+        wheels.inspect(tmp_path)
+
+
+# ------------------------------------------------------------- nox -s overlay: the commands
+
+
+@pytest.mark.parametrize("line", pins.LINES, ids=lambda ln: ln.name)
+def test_every_verified_release_gets_one_install_command_for_every_host(line: pins.Line) -> None:
+    label = wheels.local_label()
+    for core in sorted({line.version, *line.covers}):
+        sdk = line.core_sdk[core]
+        text = install_commands.commands(core, "/srv/wheels", "/opt/af/bin/python -m pip install")
+        install = (
+            f"/opt/af/bin/python -m pip install --upgrade --find-links /srv/wheels "
+            f"'{CORE}=={core}' '{SDK}=={sdk}'"
+        )
+        assert text.count(install) == 1 and f"nox -s wheels -- --line {line.name}" in text
+        for host, _ in install_commands.HOSTS:
+            assert f"   {host}: " in text
+        assert f"FROM apache/airflow:{core}" in text and f"{core}+{label} and {sdk}+{label}" in text
+        assert f"--force-reinstall --no-deps '{SDK}==={sdk}' '{CORE}==={core}'" in text
+
+
+def test_a_release_without_verified_wheels_names_the_nearest_one() -> None:
+    with pytest.raises(
+        wheels.WheelsError, match=r"3\.1\.3: no patched wheels .* nearest verified release is 3\.1\.5"
+    ):
+        install_commands.commands("3.1.3")
+    with pytest.raises(wheels.WheelsError, match="no newer release is verified either"):
+        install_commands.commands("9.0.0")
+
+
+def test_overlay_with_python_reads_the_release_and_names_a_retired_overlay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tools.__main__ import main
+
+    version = pins.PRIMARY.version
+    python = fake_installed(tmp_path / "env", make_wheel(tmp_path / "w", CORE, version, {EXECUTOR: b"x\n"}))
+    (tmp_path / "env" / install_commands.RETIRED_STATE_DIR).mkdir()
+    assert main(["overlay", "--python", str(python)]) == 0
+    out = capsys.readouterr().out
+    assert f"uv pip install --python {python} --upgrade --find-links dist/wheels '{CORE}=={version}'" in out
+    assert f"{CORE} {version}, {SDK} not installed" in out
+    assert "left by the retired overlay installer" in out
+    assert f"uv pip install --python {python} --reinstall --no-deps '{SDK}===" in out
 
 
 # ------------------------------------------------------------- e2e --install wheels
@@ -346,27 +415,3 @@ def test_e2e_installs_the_wheels_for_the_full_series_only() -> None:
     for extra in (["--executor", "package"], ["--supervisor", "full"], ["--stage", "3"]):
         with pytest.raises(ToolError, match="--install wheels: the full series"):
             cli.parse_options(["--install", "wheels", *extra])
-
-
-def test_overlay_status_reads_one_record_per_distribution(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    extra = pins.UpstreamFile(
-        "revoked_token.py", CORE, "airflow/models/revoked_token.py", "x/revoked_token.py", "x", "tests/x"
-    )
-    monkeypatch.setattr(pins, "UPSTREAM_FILES", (*pins.UPSTREAM_FILES, extra))
-    version = f"{pins.PRIMARY.version}+lepatch.19"
-    files = {EXECUTOR: b"# patched executor\n", extra.package_path: b"# patched token\n"}
-    python = fake_installed(tmp_path / "env", make_wheel(tmp_path / "w", CORE, version, files))
-    site = python.parents[1] / "lib" / PY_DIR / "site-packages"
-    rec = {
-        "series": {"patches": ["a"]},
-        "files": [{"path": p, "sha256_before": "0" * 64, "sha256_after": _hash(d)} for p, d in files.items()],
-    }
-    (site / f"apache_airflow_core-{version}.dist-info" / wheels.RECORD_NAME).write_text(json.dumps(rec))
-    st = oi.OverlayInstaller(python, out=io.StringIO()).status()
-    assert st.state is oi.OverlayState.WHEEL
-    assert st.describe().count(CORE) == 1 and "(2 file(s), 1 patch(es))" in st.describe()
-    (site / extra.package_path).write_bytes(b"# edited\n")
-    st = oi.OverlayInstaller(python, out=io.StringIO()).status()
-    assert st.state is oi.OverlayState.MODIFIED and extra.package_path in st.describe()

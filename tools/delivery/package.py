@@ -385,8 +385,8 @@ def problem(core: str | None, task_sdk: str | None) -> str | None:
         )
         if task_sdk in OVERLAY_TASK_SDK:
             fix += (
-                f"; or keep them and install the series' overlay instead (`nox -s overlay -- install`), "
-                f"verified with apache-airflow-task-sdk {{task_sdk}}"
+                f"; or keep them and install the patched Airflow wheels instead (`nox -s overlay -- "
+                f"--release {{core}}`), verified with apache-airflow-task-sdk {{task_sdk}}"
             )
         return fix
     for _line, cores, sdks, wheel in WHEELS:

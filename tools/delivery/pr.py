@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import TextIO
 
 from tools.delivery import lineform, pr_evidence, pr_internals, upstream_prs, upstream_tests
-from tools.delivery.overlay_install import interpreter_problem
 from tools.delivery.pr_testrun import TestRun, last_line, run_test_files
+from tools.delivery.wheels import interpreter_problem
 from tools.engine.series import Patch, read_patch, read_series_names
 from tools.shared import commitmsg, pins
 from tools.shared.errors import ToolError

@@ -30,7 +30,7 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from tools.delivery import upstream_tests, wheels
 from tools.engine import fetch, venvs
@@ -85,7 +85,19 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
             raise SupervisorTestsError(f"{sdist.name} has no tests/{TEST_FILE}")
         for m in wanted:
             m.name = m.name.split("/", 1)[1]
-        tf.extractall(dest, members=wanted, filter="data")
+            parts = PurePosixPath(m.name).parts
+            # why: tarfile's filter= (3.12, 3.11.4) is missing on Debian 12's 3.11.2; these checks are
+            # the part of its "data" filter an sdist's tests/ tree needs: plain files and
+            # directories, each staying under dest.
+            if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in parts:
+                raise SupervisorTestsError(
+                    f"{sdist.name}: refusing member {m.name!r} (not a plain file under tests/)"
+                )
+            m.mode = 0o755 if m.isdir() else 0o644
+        if hasattr(tarfile, "data_filter"):
+            tf.extractall(dest, members=wanted, filter="data")
+        else:
+            tf.extractall(dest, members=wanted)  # the members were checked above
     return dest / "tests"
 
 

@@ -20,6 +20,8 @@ it writes entries sorted, so the same checkout builds the same bytes.
 ``<N>`` is ``nox -s package``'s post-release number (the series length plus the re-cut offset), so a
 later series sorts higher. Each dist-info carries ``lepatch.json``: the series, the patches that
 touch the distribution's files, the source wheel's sha256, and each file's sha256 before and after.
+``inspect`` reads that record back from an installed environment (without importing Airflow) and
+checks each file against it: pip has no command that does.
 """
 
 from __future__ import annotations
@@ -359,3 +361,123 @@ def build(lines: list[pins.Line], out: Path, layout: Layout = DEFAULT) -> list[P
     built = [w for line in lines for w in build_line(line, out, layout)]
     write_index(out)
     return built
+
+
+# -------------------------------------------------------------------- an installed environment
+
+# Runs inside the target environment (``python -I``, so PYTHONPATH cannot point elsewhere): each
+# distribution's version, its site directory and the record a patched wheel carries, if any.
+_INSPECT = """
+import importlib.metadata as md, importlib.util, json, sys
+out = {"prefix": sys.prefix, "pip": importlib.util.find_spec("pip") is not None, "dists": {}}
+for name in %(dists)r:
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        continue
+    out["dists"][name] = [dist.version, str(dist.locate_file("")), dist.read_text(%(record)r)]
+print(json.dumps(out))
+"""
+
+
+def interpreter_problem(python: Path) -> str | None:
+    """Why ``python`` cannot be run as an interpreter, in one line naming the fix; None if it can."""
+    if not python.exists():
+        return f"{python}: no such interpreter; pass the environment's python (ENV/bin/python)"
+    if python.is_dir():
+        inside = next(
+            (python / c for c in ("bin/python", "Scripts/python.exe") if (python / c).is_file()), None
+        )
+        hint = f"--python {inside}" if inside else "--python DIR/bin/python, its interpreter"
+        return f"{python}: a directory, not an interpreter; pass {hint}"
+    if not os.access(python, os.X_OK):
+        return f"{python}: not executable; pass the environment's interpreter (ENV/bin/python)"
+    return None
+
+
+@dataclass
+class Installed:
+    """Airflow's core and task-sdk as one environment has them (read from their metadata)."""
+
+    python: Path
+    prefix: Path
+    has_pip: bool
+    versions: dict[str, str]  # distribution -> version, for those installed
+    sites: dict[str, Path]  # distribution -> the directory its files are installed under
+    records: dict[str, dict[str, Any]]  # distribution -> the lepatch.json of a patched wheel
+
+    def pip_install(self) -> str:
+        """How an operator installs into this environment: its own pip, or uv's where it has none."""
+        return f"{self.python} -m pip install" if self.has_pip else f"uv pip install --python {self.python}"
+
+    def changed(self) -> list[str]:
+        """Each file a patched wheel recorded that differs from what it installed, one phrase each."""
+        out = []
+        for dist, rec in sorted(self.records.items()):
+            for entry in rec.get("files", []):
+                path = self.sites[dist] / entry["path"]
+                got = _sha256(path.read_bytes()) if path.is_file() else "missing"
+                if got != entry["sha256_after"]:
+                    out.append(
+                        f"{path} (sha256 {got[:12]}, the wheel installed {entry['sha256_after'][:12]})"
+                    )
+        return out
+
+    def describe(self) -> str:
+        """The patched wheels found and whether their files are unchanged, in one line."""
+        said = []
+        for dist in (pins.DISTRIBUTION, pins.SUPERVISOR.distribution):
+            version = self.versions.get(dist)
+            if version is None:
+                said.append(f"{dist} not installed")
+            elif dist in self.records:
+                rec = self.records[dist]
+                n, patches = len(rec.get("files", [])), len(rec.get("series", {}).get("patches", []))
+                said.append(f"{dist} {version} ({n} file(s), {patches} patch(es))")
+            else:
+                said.append(
+                    f"{dist} {version}" + (" without its lepatch.json" if is_patched(version) else "")
+                )
+        changed = self.changed()
+        tail = f"; changed since: {', '.join(changed)}" if changed else ""
+        if self.records and not changed:
+            tail = "; every file as the patched wheels installed it"
+        return f"{self.prefix}: " + ", ".join(said) + tail
+
+
+def inspect(python: Path) -> Installed:
+    """Read core's and task-sdk's versions and patched-wheel records from ``python``'s environment
+    without importing Airflow."""
+    if problem := interpreter_problem(python):
+        raise WheelsError(problem)
+    dists = [pins.DISTRIBUTION, pins.SUPERVISOR.distribution]
+    try:
+        proc = subprocess.run(
+            [str(python), "-I", "-c", _INSPECT % {"dists": dists, "record": RECORD_NAME}],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WheelsError(f"{python}: cannot run it to read the installed versions ({exc})") from exc
+    if proc.returncode != 0:
+        raise WheelsError(f"{python}: reading the installed versions failed: {proc.stderr.strip()[-300:]}")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    records = {}
+    for dist, (version, _, text) in data["dists"].items():
+        if text is not None and is_patched(version):
+            try:
+                records[dist] = json.loads(text)
+            except ValueError as exc:
+                raise WheelsError(
+                    f"{python}: {dist} {version}'s {RECORD_NAME} is unreadable ({exc})"
+                ) from exc
+    return Installed(
+        python=python,
+        prefix=Path(data["prefix"]),
+        has_pip=bool(data["pip"]),
+        versions={d: v for d, (v, _, _) in data["dists"].items()},
+        sites={d: Path(site) for d, (_, site, _) in data["dists"].items()},
+        records=records,
+    )

@@ -4,12 +4,12 @@ install them as users install Airflow and check the result.
 In a fresh venv (``python -m venv``, its own pip), one unchanged command an operator types, with the
 built folder as ``--find-links`` and the line's constraints as Airflow publishes them::
 
-    pip install --find-links dist/wheels -c constraints/e2e-celery-3.3.txt \\
-        apache-airflow-core==3.3.2 apache-airflow-providers-celery==<its pin>
+    pip install --upgrade --find-links dist/wheels -c constraints/e2e-celery-3.3.txt \\
+        apache-airflow-core==3.3.2 apache-airflow-task-sdk==1.3.2 apache-airflow-providers-celery==<its pin>
 
 then checks, each failure one line naming what is wrong: both distributions carry the local label,
 ``pip check`` is clean, every file each wheel's ``lepatch.json`` records is installed with the
-hash it records (the supervisor is the overlay's), ``overlay status`` reports the wheels,
+hash it records (the supervisor is the overlay's), ``overlay --python`` reports the wheels,
 the installed supervisor reaps a task process that closed its sockets within a second (the series'
 own test of it, tests/supervisor/, run in that venv), and the way back to PyPI's build
 (``pip install --force-reinstall --no-deps 'apache-airflow-task-sdk===1.3.2'`` and the same for
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tools.delivery import overlay_install, wheels
+from tools.delivery import wheels
 from tools.engine import fetch, venvs
 from tools.shared import pins
 from tools.shared.errors import ToolError
@@ -128,12 +128,15 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
         print(f"building the {line.name} wheels into {layout.rel(out)} (missing: {', '.join(missing)})")
         wheels.build([line], out, layout)
     constraints, celery = constraints_for(line, layout)
-    reqs = [f"{core}=={line.version}", *([f"{CELERY}=={celery}"] if celery else [])]
+    # the command `nox -s overlay` prints (tools.delivery.install_commands), with Airflow's constraints
+    reqs = [f"{core}=={line.version}", f"{sdk}=={sdk_version}", *([f"{CELERY}=={celery}"] if celery else [])]
     with tempfile.TemporaryDirectory(prefix="lepatch-wheels-check-") as tmp:
         venv = Path(tmp) / "venv"
         _run([base_python, "-m", "venv", str(venv)], "python -m venv")
         python = venv / "bin" / "python"
-        _pip_install(python, ["--find-links", str(out), "-c", str(constraints), *reqs], "pip install")
+        _pip_install(
+            python, ["--upgrade", "--find-links", str(out), "-c", str(constraints), *reqs], "pip install"
+        )
         got = installed_versions(python)
         for dist, want in expected.items():
             if got.get(dist) != want:
@@ -145,10 +148,12 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
         print(_run([str(python), "-m", "pip", "check"], "pip check").strip())
         for said in check_files(python, _records(out, line, got)):
             print(said)
-        st = overlay_install.OverlayInstaller(python).status()
-        if st.state is not overlay_install.OverlayState.WHEEL:
-            raise CheckError(f"overlay status: {st.state.value}, expected wheel ({st.describe()})")
-        print(f"overlay status: {st.describe()}")
+        installed = wheels.inspect(python)
+        if set(installed.records) != set(expected) or installed.changed():
+            raise CheckError(
+                f"overlay --python: expected both patched wheels as built ({installed.describe()})"
+            )
+        print(f"overlay --python: {installed.describe()}")
         _reap_check(python, layout, Path(tmp))
         _way_back(python, line, sdk_version)
 
@@ -194,9 +199,8 @@ def _way_back(python: Path, line: pins.Line, sdk_version: str) -> None:
         if digest != expect:
             raise CheckError(f"way back: {file.package_path} sha256 {digest}, pinned upstream {expect}")
     print(_run([str(python), "-m", "pip", "check"], "pip check after the way back").strip())
-    st = overlay_install.OverlayInstaller(python).status()
-    if st.state is not overlay_install.OverlayState.PRISTINE:
-        raise CheckError(f"way back: overlay status {st.state.value}, expected pristine ({st.describe()})")
+    if (installed := wheels.inspect(python)).records:
+        raise CheckError(f"way back: a patched wheel is still installed ({installed.describe()})")
     print(
         f"way back ({' '.join(back)}): {core} {line.version}, {sdk} {sdk_version}, the pinned upstream files"
     )
@@ -213,8 +217,8 @@ def _cmd_wheels(args: argparse.Namespace) -> int:
     for wheel in wheels.build(lines, out):
         print(f"{DEFAULT.rel(wheel)} sha256 {fetch.sha256_file(wheel)[:16]}")
     print(
-        f"index: {DEFAULT.rel(out / 'simple')}; install with "
-        f"`pip install --find-links {DEFAULT.rel(out)} apache-airflow-core==<release>`"
+        f"index: {DEFAULT.rel(out / 'simple')}; the install command of a release: "
+        "`nox -s overlay -- --release <release>`"
     )
     return 0
 

@@ -1,6 +1,6 @@
 """``python -m tools lock``: exact constraints so nothing a test environment installs floats.
 
-``constraints/tools.txt`` pins the tooling (nox, uv, pytest, ruff, mypy, towncrier) and
+``constraints/tools.txt`` pins the tooling (nox, uv, pytest, ruff, vermin, mypy, towncrier) and
 everything they pull in; ``constraints/<line>.txt`` pins a line's ``apache-airflow-core``
 with all of Airflow's dependencies plus the same pytest and pytest-timeout. Both are
 resolved by ``uv pip compile`` for every Python from 3.10 on (markers where they differ).
@@ -25,7 +25,7 @@ from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 
-TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv", "wheel")
+TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv", "vermin", "wheel")
 COMPILE = ("pip", "compile", "-", "--universal", "--quiet")
 
 

@@ -3,7 +3,7 @@
 ``discover`` lists the index's releases of each line, hashes the ``local_executor.py`` of
 each one's wheel and sorts them into the ones that carry the line's base byte for byte (an
 overlay verified on the base is valid for them: they go into ``covers``) and the ones that
-differ (the overlay installer refuses them and names the release to upgrade to). ``bump``
+differ (``nox -s overlay`` refuses them and names the release to upgrade to). ``bump``
 moves a line to a newer base, e.g. the 3.4 line from 3.4.0b2 to 3.4.0.
 
 ``tools/shared/pins.py`` stays the one source of truth and is never edited by hand for these: its

@@ -5,7 +5,8 @@ spawn), 3.3 and 3.4 under Python 3.12+ as well (fork and forkserver), and ``test
 cell's time is waiting (a worker's exit, a scenario's deadline, a venv's install), not CPU, so cells
 run ``--jobs`` at a time (default 4: on 2 cores most of a cell's time still waits, and 4 slots
 pack the seven cells into two waves), the tooling's first, as the longest; each one's output goes to
-``build/tests/<cell>.log`` and is printed whole when it ends, never interleaved. The venvs are
+``build/tests/<cell>.log`` (``.<cell>.log.<pid>`` while it runs) and is printed whole when it ends,
+never interleaved. The venvs are
 prepared first, one after another (uv already uses every core). The exit code is non-zero if any
 cell failed; the last line sums the cells' counts.
 
@@ -106,6 +107,9 @@ def run_cell(cell: Cell, pytest_args: Sequence[str], layout: Layout = DEFAULT) -
     """Run the cell's pytest, its output to ``build/tests/<cell>.log``."""
     log = layout.build / "tests" / f"{cell.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    # why a file of its own, renamed into place at the end: the tooling's tests run `nox -s tests --
+    # --line tools` themselves, which would truncate this very log while this run writes it.
+    writing = log.with_name(f".{log.name}.{os.getpid()}")
     cmd = [str(cell.python), "-m", "pytest", *cell.paths, "-p", "no:cacheprovider"]
     # -rfEs: failures, errors and every skip with its reason. An exception raised where nothing can
     # catch it (a finalizer, a thread) fails the run: Python 3.13 reports the close() errors of
@@ -114,7 +118,7 @@ def run_cell(cell: Cell, pytest_args: Sequence[str], layout: Layout = DEFAULT) -
     if cell.record is not None:
         cmd += ["-p", "tools.engine.fixed_by_plugin"]
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="lepatch-airflow-home-") as home, log.open("w") as out:
+    with tempfile.TemporaryDirectory(prefix="lepatch-airflow-home-") as home, writing.open("w") as out:
         env = {**venvs.test_env(Path(home), layout), **cell.env}
         if cell.record is not None:
             env[RECORD_ENV] = str(cell.record)
@@ -123,6 +127,7 @@ def run_cell(cell: Cell, pytest_args: Sequence[str], layout: Layout = DEFAULT) -
         proc = subprocess.run(
             [*cmd, *pytest_args], cwd=layout.root, env=env, stdout=out, stderr=subprocess.STDOUT, check=False
         )
+    os.replace(writing, log)
     cell.returncode, cell.seconds = proc.returncode, time.monotonic() - started
     lines = log.read_text(errors="replace").strip().splitlines()
     cell.summary = next((ln.strip("= ") for ln in reversed(lines) if COUNTS.search(ln)), "no summary")

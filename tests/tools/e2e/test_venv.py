@@ -109,3 +109,35 @@ def test_the_wheel_is_installed_with_the_venvs_core_and_task_sdk_named_beside_it
         )
     ]
     assert source.sources == bases
+
+
+def test_the_full_series_goes_in_through_the_patched_wheels_and_a_stage_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tools.measure.e2e.venv import ExecutorSource
+
+    v = AirflowVenv(L33, tmp_path / "out", print)
+    full = {pins.PACKAGE_PATH: b"full executor", SUP: b"full supervisor"}
+    bases = {pins.PACKAGE_PATH: b"executor", SUP: b"supervisor"}
+    wheels_to: list[Path] = []
+
+    def install_wheels(self: AirflowVenv, dist: Path) -> ExecutorSource:
+        wheels_to.append(dist)
+        return ExecutorSource("patched wheels", None, full[pins.PACKAGE_PATH], "out/wheels", full)
+
+    monkeypatch.setattr(AirflowVenv, "install_wheels", install_wheels)
+    monkeypatch.setattr(AirflowVenv, "_back_to_base", lambda self: bases)
+    copied: list[dict[str, bytes]] = []
+    monkeypatch.setattr(venvs, "install_sources", lambda python, sources: copied.append(sources))
+    monkeypatch.setattr(venvs, "purelib", lambda python: tmp_path / "site")
+    how = v.install_executor(ExecutorSource("full series", None, full[pins.PACKAGE_PATH], "overlay", full))
+    assert wheels_to == [tmp_path / "out" / "wheels"] and "patched wheels" in how and not copied
+    fixed = v.install_supervisor(fixed=True)
+    assert fixed.sources == {SUP: full[SUP]} and len(wheels_to) == 2
+    # a stage before the final one is in no wheel: its files are copied in
+    stage = {pins.PACKAGE_PATH: b"stage 2", SUP: b"supervisor"}
+    for path, data in stage.items():
+        (tmp_path / "site" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / path).write_bytes(data)
+    assert v.install_executor(ExecutorSource("stage 2", 2, b"stage 2", "apply", stage)).startswith("copied")
+    assert copied == [stage] and len(wheels_to) == 2

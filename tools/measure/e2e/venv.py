@@ -20,10 +20,10 @@ The executor under test is then put in place, with task-sdk's ``supervisor.py`` 
 (or of the stage ``--supervisor`` names):
 
 - stage 0: the pinned bases, byte for byte (``tools.engine.fetch.read_bases``);
-- stage k: the files of ``tools.engine.apply`` stage k, copied in;
-- default (the full series): the line's overlay ``airflow_overlay/<line>/...``, installed with
-  ``tools.delivery.overlay_install`` (backup, record, smoke dispatch), or copied in when that installer or
-  its smoke harness is not there, or when the supervisor comes from another stage.
+- stage k: the files of ``tools.engine.apply`` stage k, copied in (no wheel carries a stage);
+- default (the full series): as an operator installs it, the release's core and task-sdk wheels
+  rebuilt with the series' files (:mod:`tools.delivery.wheels`, built into ``<out>/wheels``); copied
+  in only when the supervisor comes from another stage.
 
 Whatever was installed before is undone first, so the venv always starts from the pinned bases,
 and each installed file's sha256 is checked against the intended source afterwards.
@@ -33,24 +33,22 @@ and each installed file's sha256 is checked against the intended source afterwar
 of the wheel; the stack sets ``AIRFLOW__CORE__EXECUTOR`` to its class), and checks that Airflow's own
 files are still the bases byte for byte. Undoing it is ``uv pip uninstall``.
 
-``--install wheels`` puts the full series in as Airflow's own core and task-sdk wheels rebuilt with
-the series' files (:mod:`tools.delivery.wheels`, ``X+lepatch.N``, built into ``<out>/wheels``):
-``uv pip install --no-deps`` of the release's two wheels, then each file checked against the overlay.
-Undoing it reinstalls the pinned wheels from the cache.
+The patched wheels go in with ``uv pip install --no-deps`` of the release's two wheels (the venv is
+uv's, without pip), then each file is checked against the overlay. Undoing it reinstalls the pinned
+wheels from the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tools.delivery import overlay_install, package, wheels
-from tools.delivery.overlay_install import OverlayError, OverlayInstaller, OverlayState
+from tools.delivery import install_commands, package, wheels
 from tools.engine import apply, fetch, venvs
 from tools.measure.e2e import lock
 from tools.shared import pins
@@ -234,18 +232,16 @@ class AirflowVenv:
 
     def install_executor(self, source: ExecutorSource) -> str:
         """Put ``source``'s files in place of the venv's; returns how they were installed."""
+        if source.stage is None and not source.mixed:
+            installed = self.install_wheels(self.path.parent / "wheels")
+            if installed.sources != source.sources:
+                raise ToolError(
+                    f"the patched wheels are not {source.label}: rebuild the overlay (apply --write)"
+                )
+            return f"uv pip install --no-deps of the patched wheels ({installed.origin})"
+        # why copied: a stage before the final one (or a supervisor from another stage) is in no wheel
         bases = self._back_to_base()
-        if source.stage is None and not source.mixed and Path(overlay_install.SMOKE_SCRIPT).is_file():
-            said = io.StringIO()
-            try:
-                OverlayInstaller(self.python, out=said).install()
-            except OverlayError as e:
-                raise ToolError(f"overlay install into {LAYOUT.rel(self.path)} failed: {e}") from e
-            finally:
-                for ln in said.getvalue().splitlines():
-                    self.say(f"  {ln}")
-            how = "tools.delivery.overlay_install"
-        elif source.sources == bases:
+        if source.sources == bases:
             how = "pinned bases (unchanged)"
         else:
             venvs.install_sources(self.python, source.sources)
@@ -261,11 +257,11 @@ class AirflowVenv:
         return how
 
     def install_supervisor(self, fixed: bool) -> ExecutorSource:
-        """The pinned bases; with ``fixed``, task-sdk's patched ``supervisor.py`` alone on top, installed
-        as an operator does on a Celery worker's host (``overlay install --only supervisor``)."""
-        bases = self._back_to_base()
+        """The pinned bases; with ``fixed``, the patched wheels, as on a Celery worker's host (task-sdk's
+        supervisor is what runs there)."""
         path = pins.SUPERVISOR.package_path
         if not fixed:
+            bases = self._back_to_base()
             return ExecutorSource(
                 f"task-sdk unpatched (base {self.sdk})",
                 0,
@@ -273,25 +269,13 @@ class AirflowVenv:
                 "pinned wheel",
                 {path: bases[path]},
             )
-        said = io.StringIO()
-        try:
-            OverlayInstaller(self.python, out=said, only=pins.SUPERVISOR).install()
-        except OverlayError as e:
-            raise ToolError(
-                f"overlay install --only supervisor into {LAYOUT.rel(self.path)} failed: {e}"
-            ) from e
-        finally:
-            for ln in said.getvalue().splitlines():
-                self.say(f"  {ln}")
-        want = self.sources(None)[path]
-        got = (venvs.purelib(self.python) / path).read_bytes()
-        if sha256(got) != sha256(want):
-            raise ToolError(f"{path}: sha256 {sha256(got)[:12]} after install, expected {sha256(want)[:12]}")
+        installed = self.install_wheels(self.path.parent / "wheels")
+        want = installed.sources[path]
         return ExecutorSource(
-            f"supervisor fix (overlay --only supervisor, {LAYOUT.rel(LAYOUT.overlay / self.line.name)})",
+            f"supervisor fix ({installed.label})",
             None,
             want,
-            "tools.delivery.overlay_install --only supervisor",
+            f"the patched wheels ({installed.origin})",
             {path: want},
         )
 
@@ -368,13 +352,11 @@ class AirflowVenv:
                 raise ToolError(f"{root / path}: not the pinned base {when}")
 
     def _back_to_base(self) -> dict[str, bytes]:
-        """Undo any earlier install (the package, the overlay installer's restore, a stage copied in)."""
+        """Undo any earlier install (the package, the patched wheels, a stage copied in)."""
         self.uninstall_package()
         self.uninstall_wheels()
         bases = self.sources(0)
-        installer = OverlayInstaller(self.python, out=io.StringIO())
-        st = installer.status()
-        if st.record is not None:
-            installer.restore(force=st.state is not OverlayState.INSTALLED)
+        # what the retired overlay installer left in a venv built before it went; the files go back below
+        shutil.rmtree(self.path / install_commands.RETIRED_STATE_DIR, ignore_errors=True)
         venvs.install_sources(self.python, bases)  # no-op but for the stale pyc when already the bases
         return bases
