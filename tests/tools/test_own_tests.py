@@ -1,0 +1,130 @@
+"""``verify --own-tests``: its planning, evaluation and start-method filter, without a venv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tools.engine.own_tests import (
+    StageRun,
+    evaluate,
+    first_own_stage,
+    origin_kind,
+    plan,
+    render,
+    tree_key,
+    write_tree,
+)
+from tools.engine.series import load_series
+from tools.engine.start_method_plugin import allowed_methods, deselected
+from tools.engine.verify import CANNOT_RUN, ERROR, FAIL, FLAKY, PASS, SKIP
+from tools.shared.errors import ToolError
+from tools.shared.layout import Layout
+
+
+def test_origin_kind_is_the_field_before_its_url() -> None:
+    assert origin_kind("backport, https://github.com/apache/airflow/pull/67881") == "backport"
+    assert origin_kind("vendor") == "vendor"
+    assert origin_kind("Other, https://x") == "other"
+    assert origin_kind(None) == ""
+
+
+def test_first_own_stage_skips_the_upstream_prefix() -> None:
+    assert first_own_stage(["backport, u", "backport, u", "other, u", "vendor"]) == 3
+    assert first_own_stage(["upstream, u", "vendor"]) == 2
+    assert first_own_stage(["vendor"]) == 1
+    assert first_own_stage(["backport, u"]) == 2  # none of our own: past the last stage
+
+
+def test_the_series_first_own_patch_is_the_first_upstream_draft() -> None:
+    series = load_series()
+    origins = [series.patches[n].field("Origin") for n in series.names]
+    first = first_own_stage(origins)
+    assert all(origin_kind(o) == "backport" for o in origins[: first - 1])
+    assert origin_kind(origins[first - 1]) in ("other", "vendor")
+
+
+def test_plan_runs_from_the_first_own_stage_unless_a_range_is_given() -> None:
+    assert plan({"3.3": 6, "3.4": 6}, 4, None) == {"3.3": [4, 5, 6], "3.4": [4, 5, 6]}
+    assert plan({"3.3": 6}, 4, "2-3") == {"3.3": [2, 3]}
+    assert plan({"3.3": 6}, 4, "0-") == {"3.3": list(range(7))}
+    assert plan({"3.3": 6}, 7, None) == {"3.3": []}
+    with pytest.raises(ToolError):
+        plan({"3.3": 6}, 4, "5-9")
+
+
+def test_tree_key_changes_with_the_code_or_a_test_file() -> None:
+    code = {"airflow/executors/local_executor.py": b"a"}
+    tests = {"tests/executor/test_x.py": b"t"}
+    assert tree_key(code, tests) == tree_key(dict(code), dict(tests))
+    assert tree_key(code, tests) != tree_key({"airflow/executors/local_executor.py": b"b"}, tests)
+    assert tree_key(code, tests) != tree_key(code, {"tests/executor/test_x.py": b"u"})
+    assert tree_key(code, tests) != tree_key(code, {**tests, "tests/executor/test_y.py": b""})
+
+
+def test_a_stage_fails_on_any_failure_error_or_missing_attribute() -> None:
+    run = StageRun("3.4", 7, {"a": PASS, "b": SKIP, "c": FLAKY})
+    assert run.ok and run.label() == "3 ok*" and run.flaky == ["c"]
+    for bad in (FAIL, ERROR, CANNOT_RUN):
+        run = StageRun("3.4", 7, {"a": PASS, "b": bad})
+        assert not run.ok and run.failures == ["b"] and run.label() == "1/2 FAIL"
+    broken = StageRun("3.4", 7, errors=["pytest exited 2"])
+    assert not broken.ok and broken.label() == "ERR"
+    assert StageRun("3.4", 5).ok and StageRun("3.4", 5).label() == "none"
+
+
+def test_evaluate_marks_a_failure_that_passed_again_as_flaky() -> None:
+    outcomes = {"a": PASS, "b": FAIL, "c": ERROR, "d": FAIL}
+    assert evaluate(outcomes, {"b": PASS, "c": FAIL}) == {"a": PASS, "b": FLAKY, "c": ERROR, "d": FAIL}
+
+
+def test_render_is_stage_by_line_with_every_failing_node_id() -> None:
+    runs = {
+        "3.4": {7: StageRun("3.4", 7, {"t::a": PASS, "t::b": FAIL}), 8: StageRun("3.4", 8, {"t::a": PASS})},
+        "3.3": {7: StageRun("3.3", 7, {"t::a": PASS, "t::b": PASS})},
+    }
+    text = render(runs)
+    rows = text.splitlines()
+    assert rows[0].split() == ["stage", "3.4", "3.3"]
+    assert rows[1].split() == ["7", "1/2", "FAIL", "2", "ok"]
+    assert rows[2].split() == ["8", "1", "ok", "-"]
+    assert "FAIL 3.4 stage 7: t::b (fail)" in text
+    assert "3.3 stage 7" not in text
+
+
+def test_write_tree_puts_the_project_pytest_config_beside_the_stage_tests(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\ntimeout = 120\n")
+    layout = Layout(root=tmp_path)
+    dest = tmp_path / "build" / "own-tests" / "3.4" / "stage-7"
+    (dest / "tests" / "executor").mkdir(parents=True)
+    (dest / "tests" / "executor" / "test_stale.py").write_text("")
+    write_tree({"tests/executor/test_x.py": b"x", "tests/supervisor/test_y.py": b"y"}, dest, layout)
+    found = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert found == ["pyproject.toml", "tests/executor/test_x.py", "tests/supervisor/test_y.py"]
+
+
+def test_start_method_filter_keeps_what_the_variable_names() -> None:
+    assert allowed_methods("fork") == {"fork"}
+    assert allowed_methods(" fork, spawn ,") == {"fork", "spawn"}
+    assert allowed_methods("") == frozenset() and allowed_methods(None) == frozenset()
+    fork = frozenset({"fork"})
+    assert deselected({"start_method": "spawn"}, fork)
+    assert not deselected({"start_method": "fork"}, fork)
+    assert not deselected({"fork": False}, fork)  # another parameter: left alone
+    assert not deselected({"start_method": "spawn"}, frozenset())  # unset: every method runs
+
+
+def test_verify_takes_own_tests_and_keeps_its_plain_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tools.__main__ import build_parser
+    from tools.engine import own_tests, verify
+
+    called: list[str] = []
+    monkeypatch.setattr(own_tests, "run_own_tests", lambda *a, **k: called.append("own") or 0)
+    monkeypatch.setattr(verify, "run_verify", lambda *a, **k: called.append("plain") or 0)
+    monkeypatch.setattr(own_tests.engine_mod, "default_engine", lambda: None)
+    monkeypatch.setattr(verify.engine_mod, "default_engine", lambda: None)
+    for argv in (["verify", "--own-tests", "--line", "3.4", "--stage-range", "7-"], ["verify"]):
+        args = build_parser().parse_args(argv)
+        assert args.func(args) == 0
+    assert called == ["own", "plain"]

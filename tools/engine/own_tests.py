@@ -1,0 +1,340 @@
+"""``verify --own-tests``: each stage's own test files pass on that stage, on every line.
+
+``verify`` runs the final test files (``tests/executor``, derived from the whole series) against
+each stage's code, so a test file as a patch left it never runs on the patch's own commit. An
+upstream PR's CI runs exactly that: the commit's code with the commit's tests. This mode builds,
+for each line and each stage k from the first patch of our own, stage k's test tree (the files the
+series has put under ``airflow-core/tests/unit/executors/local_executor/``, task-sdk's
+``task-sdk/tests/task_sdk/execution_time/`` and the API server's
+``airflow-core/tests/unit/api_fastapi/auth/managers/`` by then, derived to ``tests/executor``,
+``tests/supervisor`` and ``tests/api_server`` as ``apply`` derives the final ones) into
+``build/own-tests/<line>/stage-<k>/``, installs stage k's upstream files into the line's venv and
+runs every test of that tree there. Every one must pass (or skip); a failure is rerun once at
+once, and one that passes then is shown as flaky (``pass*``), as verify does.
+
+The first stage is that of the first patch whose ``Origin`` is not ``backport`` or ``upstream``
+(today patch 4, an upstream draft, ``Origin: other``): the backports are upstream's merged commits,
+tested by upstream's CI as they were merged (3.4's base carries them), while every later patch is a
+commit this series authors and cherry-picks (``nox -s backport``), or folds into a PR (``nox -s pr``
+folds 4-6 into 7). ``--stage-range`` overrides it (``0-`` runs every stage).
+
+Scenarios run under fork only unless ``LEPATCH_START_METHODS`` says otherwise
+(``tools.engine.start_method_plugin`` applies it to test files older than the conftest that reads
+it). Every test is bounded: the harness's watchdog kills a stuck scenario, pytest-timeout (the
+project's ``pyproject.toml``, copied beside the tree) any other test. On the final stage the tests
+that passed in ``nox -s tests`` on the same code and tests are not run again
+(``tools.engine.final_record``). Lines run ``--jobs`` at a time, each in its own venv. It prints a
+stage x line table and the failing node ids, writes ``build/verify-own-tests.json`` and exits 1 on
+any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tools.engine import apply as engine_mod
+from tools.engine import final_record, venvs
+from tools.engine.verify import (
+    CANNOT_RUN,
+    ERROR,
+    FAIL,
+    FLAKY,
+    MISSING,
+    PASS,
+    SKIP,
+    TEST_DIRS,
+    parse_stage_range,
+    run_stage,
+)
+from tools.shared.errors import ToolError
+from tools.shared.layout import Layout
+
+# Origins whose patch is upstream's own merged commit (DEP-3: "backport, <url>", "upstream, <url>").
+UPSTREAM_ORIGINS = ("backport", "upstream")
+DEFAULT_START_METHODS = "fork"
+PLUGIN = "tools.engine.start_method_plugin"
+REPORT = "verify-own-tests.json"
+BAD = (FAIL, ERROR, CANNOT_RUN, MISSING)
+
+
+def origin_kind(origin: str | None) -> str:
+    """``backport`` of ``backport, https://...``; ``vendor`` of ``vendor``; empty when missing."""
+    return (origin or "").split(",", 1)[0].strip().lower()
+
+
+def first_own_stage(origins: Sequence[str | None]) -> int:
+    """The stage of the first patch (1-based) not upstream's own commit; past the last if none is."""
+    for index, origin in enumerate(origins, 1):
+        if origin_kind(origin) not in UPSTREAM_ORIGINS:
+            return index
+    return len(origins) + 1
+
+
+def plan(finals: Mapping[str, int], first: int, stage_range: str | None) -> dict[str, list[int]]:
+    """Line -> the stages to run: ``first``..final, or ``stage_range`` where one is given."""
+    if stage_range:
+        return {line: parse_stage_range(stage_range, final) for line, final in finals.items()}
+    return {line: list(range(first, final + 1)) for line, final in finals.items()}
+
+
+def tree_key(sources: Mapping[str, bytes], tests: Mapping[str, bytes]) -> str:
+    """One value for what a stage runs: its installed files and its test tree (equal keys, equal run)."""
+    digest = hashlib.sha256(final_record.sources_digest(sources))
+    for rel in sorted(tests):
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(tests[rel]).digest())
+    return digest.hexdigest()
+
+
+@dataclass
+class StageRun:
+    """The outcome of one stage's own tests on one line."""
+
+    line: str
+    stage: int
+    outcomes: dict[str, str] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    note: str = ""  # "no test files", "as stage 5", "12 reused from nox -s tests"
+
+    @property
+    def failures(self) -> list[str]:
+        return sorted(n for n, o in self.outcomes.items() if o in BAD)
+
+    @property
+    def flaky(self) -> list[str]:
+        return sorted(n for n, o in self.outcomes.items() if o == FLAKY)
+
+    def count(self, *kinds: str) -> int:
+        return sum(o in kinds for o in self.outcomes.values())
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.failures
+
+    def label(self) -> str:
+        """The table's cell: ``41 ok``, ``30/41 FAIL``, ``ERR``."""
+        if self.errors and not self.outcomes:
+            return "ERR"
+        passed, total = self.count(PASS, FLAKY, SKIP), len(self.outcomes)
+        if not total:
+            return "none" if not self.errors else "ERR"
+        text = f"{passed} ok" if self.ok else f"{passed}/{total} FAIL"
+        if self.flaky:
+            text += "*"
+        return text + ("!" if self.errors and self.outcomes else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.count(PASS),
+            "flaky": self.flaky,
+            "skipped": self.count(SKIP),
+            "failed": self.failures,
+            "errors": self.errors,
+            "seconds": round(self.seconds, 1),
+            "note": self.note,
+            "ok": self.ok,
+        }
+
+
+def evaluate(outcomes: Mapping[str, str], rerun: Mapping[str, str]) -> dict[str, str]:
+    """The stage's outcomes with a failure that passed when run again at once shown as flaky."""
+    out = dict(outcomes)
+    for nodeid, outcome in outcomes.items():
+        if outcome in BAD and rerun.get(nodeid) == PASS:
+            out[nodeid] = FLAKY
+    return out
+
+
+def render(runs: Mapping[str, Mapping[int, StageRun]]) -> str:
+    """Stage x line: each cell the stage's own tests on that line, then every failing node id."""
+    lines = list(runs)
+    stages = sorted({k for by_stage in runs.values() for k in by_stage})
+    width = max([12, *(len(r.label()) + 2 for by_stage in runs.values() for r in by_stage.values())])
+    out = ["stage  " + "".join(ln.ljust(width) for ln in lines)]
+    for k in stages:
+        cells = [runs[ln][k].label() if k in runs[ln] else "-" for ln in lines]
+        out.append(f"{k:<5}  " + "".join(c.ljust(width) for c in cells))
+    notes = []
+    for ln in lines:
+        for k, run in sorted(runs[ln].items()):
+            for nodeid in run.failures:
+                notes.append(f"FAIL {ln} stage {k}: {nodeid} ({run.outcomes[nodeid]})")
+            for nodeid in run.flaky:
+                notes.append(f"pass* {ln} stage {k}: {nodeid} (failed, then passed when run again)")
+            for error in run.errors:
+                notes.append(f"error {ln} stage {k}: {error}")
+    legend = "N ok = every test of the stage's own files passed or skipped; P/T FAIL = P of T passed"
+    if any(r.flaky for by_stage in runs.values() for r in by_stage.values()):
+        legend += "; * = a test passed only when run again"
+    return "\n".join(ln.rstrip() for ln in [*out, legend, *notes])
+
+
+def write_tree(tests: Mapping[str, bytes], dest: Path, layout: Layout) -> Path:
+    """The stage's derived tests under ``dest`` (``tests/executor/...``), with the project's pytest config."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    for rel, data in tests.items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(layout.root / "pyproject.toml", dest / "pyproject.toml")
+    return dest
+
+
+def _run_line(
+    res: engine_mod.LineResult,
+    stages: Sequence[int],
+    layout: Layout,
+    select: str | None,
+    reuse_final: bool,
+    env: Mapping[str, str],
+    out: Any,
+) -> dict[int, StageRun]:
+    name = res.line.name
+    python = venvs.ensure(res.line, layout)
+    out_dir = layout.build / "verify-own" / name
+    runs: dict[int, StageRun] = {}
+    seen: dict[str, int] = {}
+    try:
+        for k in stages:
+            run = runs[k] = StageRun(name, k)
+            tests = res.derived_tests(k)
+            if not any(Path(rel).name.startswith("test_") for rel in tests):
+                run.note = "no test files"
+                print(f"{name} stage {k}: no test files of its own", file=out, flush=True)
+                continue
+            key = tree_key(res.sources(k), tests)
+            if key in seen:
+                earlier = runs[seen[key]]
+                run.outcomes, run.errors = dict(earlier.outcomes), list(earlier.errors)
+                run.note = f"as stage {seen[key]}"
+                print(f"{name} stage {k}: the code and tests of stage {seen[key]}, not run again", file=out)
+                continue
+            seen[key] = k
+            started = time.monotonic()
+            tree = write_tree(tests, layout.build / "own-tests" / name / f"stage-{k}", layout)
+            reused: set[str] = set()
+            if reuse_final and k == res.final:
+                reused = final_record.passed(name, res.sources(k), layout)
+            todo = True
+            if reused:
+                _, _, _, error = run_stage(
+                    python, res.sources(k), out_dir, f"stage-{k}-collect", select, tree, TEST_DIRS,
+                    collect_only=True, marker=None, plugins=[PLUGIN], extra_env=env,
+                )  # fmt: skip
+                collected = json.loads((out_dir / f"stage-{k}-collect.json").read_text()) if not error else {}
+                reused &= set(collected)
+                todo = bool(set(collected) - reused)
+            outcomes: dict[str, str] = dict.fromkeys(reused, PASS)
+            if todo:
+                deselect = [arg for n in sorted(reused) for arg in ("--deselect", n)]
+                result, _, _, error = run_stage(
+                    python, res.sources(k), out_dir, f"stage-{k}", select, tree, TEST_DIRS,
+                    marker=None, plugins=[PLUGIN], extra_env=env, extra_args=deselect,
+                )  # fmt: skip
+                if error:
+                    run.errors.append(error)
+                outcomes.update(result)
+                again = sorted(n for n, o in result.items() if o in BAD)
+                if again and not error:
+                    rerun, *_ = run_stage(
+                        python, res.sources(k), out_dir, f"stage-{k}-rerun", None, tree, again,
+                        marker=None, plugins=[PLUGIN], extra_env=env,
+                    )  # fmt: skip
+                    outcomes = evaluate(outcomes, rerun)
+            run.outcomes = outcomes
+            run.seconds = time.monotonic() - started
+            if reused:
+                run.note = f"{len(reused)} passed in `nox -s tests` on this code, reused"
+            counts = f"{run.count(PASS, FLAKY)} passed, {len(run.failures)} failed, {run.count(SKIP)} skipped"
+            extra = f"; {run.note}" if run.note else ""
+            print(f"{name} stage {k}: {counts} ({run.seconds:.1f} s{extra})", file=out, flush=True)
+    finally:
+        # why: the venv is shared with the tests session and verify; leave it on the final overlay.
+        venvs.install_sources(python, res.sources())
+    return runs
+
+
+def run_own_tests(
+    engine: engine_mod.Engine,
+    lines: Sequence[str] | None = None,
+    stage_range: str | None = None,
+    select: str | None = None,
+    allow_drift: bool = False,
+    jobs: int = 1,
+    out: Any = sys.stdout,
+) -> int:
+    layout = engine.layout
+    results = engine.apply_all(lines)
+    failed = [p for r in results.values() for p in r.patches if p.status == engine_mod.FAILED]
+    if failed:
+        raise ToolError(f"{failed[0].detail}\n{failed[0].hint}")
+    drift = [d for d in engine.drift(results) if any(f"{t}/" in d for t in TEST_DIRS)]
+    if drift and not allow_drift:
+        raise ToolError(f"{drift[0]}; run `nox -s apply -- --write` first (or pass --allow-drift)")
+    series = engine.series
+    first = first_own_stage([p.field("Origin") if p else None for p in map(series.patches.get, series.names)])
+    stages = plan({name: res.final for name, res in results.items()}, first, stage_range)
+    methods = os.environ.get("LEPATCH_START_METHODS") or DEFAULT_START_METHODS
+    env = {"LEPATCH_START_METHODS": methods}
+    print(
+        f"verify --own-tests: stages {first}- by default (the first patch not a backport: "
+        f"{series.names[first - 1] if first <= len(series.names) else 'none'}); start methods {methods}",
+        file=out,
+        flush=True,
+    )
+    for res in results.values():
+        venvs.ensure(res.line, layout)  # sequentially: uv shares its cache between them
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {
+            name: pool.submit(_run_line, res, stages[name], layout, select, not drift, env, out)
+            for name, res in results.items()
+        }
+        runs = {name: f.result() for name, f in futures.items()}
+    print(render(runs), file=out)
+    ok = all(r.ok for by_stage in runs.values() for r in by_stage.values())
+    report = {
+        "series": series.names,
+        "first_own_stage": first,
+        "start_methods": methods,
+        "seconds": round(time.monotonic() - started, 1),
+        "lines": {name: {str(k): r.to_json() for k, r in by.items()} for name, by in runs.items()},
+        "ok": ok,
+    }
+    path = layout.build / REPORT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    bad = sum(len(r.failures) + len(r.errors) for by_stage in runs.values() for r in by_stage.values())
+    print(f"verify --own-tests: {'ok' if ok else 'FAILED'} ({bad} failure(s); {path})", file=out)
+    return 0 if ok else 1
+
+
+def _cmd_own_tests(args: argparse.Namespace) -> int:
+    return run_own_tests(
+        engine_mod.default_engine(), args.line, args.stage_range, args.k, args.allow_drift, args.jobs
+    )
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``verify --own-tests``: an option of verify's parser (registered after it), this mode when given."""
+    verify = sub.choices["verify"]
+    plain = verify.get_default("func")
+    verify.add_argument(
+        "--own-tests",
+        action="store_true",
+        help="each stage's own test files on that stage, from the first patch of our own (docs/verify.md)",
+    )
+    verify.set_defaults(func=lambda args: _cmd_own_tests(args) if args.own_tests else plain(args))
