@@ -128,3 +128,16 @@ def test_verify_takes_own_tests_and_keeps_its_plain_mode(monkeypatch: pytest.Mon
         args = build_parser().parse_args(argv)
         assert args.func(args) == 0
     assert called == ["own", "plain"]
+
+
+def test_schedule_starts_the_latest_stages_first_lines_interleaved() -> None:
+    from tools.engine.own_tests import schedule
+
+    assert schedule({"3.4": [4, 5, 7], "3.3": [4, 7]}) == [
+        ("3.4", 7),
+        ("3.3", 7),
+        ("3.4", 5),
+        ("3.4", 4),
+        ("3.3", 4),
+    ]
+    assert schedule({}) == []

@@ -23,7 +23,8 @@ Scenarios run under fork only unless ``LEPATCH_START_METHODS`` says otherwise
 it). Every test is bounded: the harness's watchdog kills a stuck scenario, pytest-timeout (the
 project's ``pyproject.toml``, copied beside the tree) any other test. On the final stage the tests
 that passed in ``nox -s tests`` on the same code and tests are not run again
-(``tools.engine.final_record``). Lines run ``--jobs`` at a time, each in its own venv. It prints a
+(``tools.engine.final_record``). ``--jobs`` stages run side by side, the latest first, each in a
+venv of its own (the line's, or a copy of it: ``build/venvs/<line>-copyN``). It prints a
 stage x line table and the failing node ids, writes ``build/verify-own-tests.json`` and exits 1 on
 any failure.
 """
@@ -34,6 +35,7 @@ import argparse
 import hashlib
 import json
 import os
+import queue
 import shutil
 import sys
 import time
@@ -193,78 +195,64 @@ def write_tree(tests: Mapping[str, bytes], dest: Path, layout: Layout) -> Path:
     return dest
 
 
-def _run_line(
+def schedule(stages: Mapping[str, Sequence[int]]) -> list[tuple[str, int]]:
+    """The order stages start in: the latest first (they carry the most tests), lines interleaved."""
+    order = list(stages)
+    return sorted(((ln, k) for ln in order for k in stages[ln]), key=lambda t: (-t[1], order.index(t[0])))
+
+
+def _run_stage(
     res: engine_mod.LineResult,
-    stages: Sequence[int],
+    k: int,
+    python: Path,
     layout: Layout,
     select: str | None,
     reuse_final: bool,
     env: Mapping[str, str],
     out: Any,
-) -> dict[int, StageRun]:
+) -> StageRun:
     name = res.line.name
-    python = venvs.ensure(res.line, layout)
     out_dir = layout.build / "verify-own" / name
-    runs: dict[int, StageRun] = {}
-    seen: dict[str, int] = {}
-    try:
-        for k in stages:
-            run = runs[k] = StageRun(name, k)
-            tests = res.derived_tests(k)
-            if not any(Path(rel).name.startswith("test_") for rel in tests):
-                run.note = "no test files"
-                print(f"{name} stage {k}: no test files of its own", file=out, flush=True)
-                continue
-            key = tree_key(res.sources(k), tests)
-            if key in seen:
-                earlier = runs[seen[key]]
-                run.outcomes, run.errors = dict(earlier.outcomes), list(earlier.errors)
-                run.note = f"as stage {seen[key]}"
-                print(f"{name} stage {k}: the code and tests of stage {seen[key]}, not run again", file=out)
-                continue
-            seen[key] = k
-            started = time.monotonic()
-            tree = write_tree(tests, layout.build / "own-tests" / name / f"stage-{k}", layout)
-            reused: set[str] = set()
-            if reuse_final and k == res.final:
-                reused = final_record.passed(name, res.sources(k), layout)
-            todo = True
-            if reused:
-                _, _, _, error = run_stage(
-                    python, res.sources(k), out_dir, f"stage-{k}-collect", select, tree, TEST_DIRS,
-                    collect_only=True, marker=None, plugins=[PLUGIN], extra_env=env,
-                )  # fmt: skip
-                collected = json.loads((out_dir / f"stage-{k}-collect.json").read_text()) if not error else {}
-                reused &= set(collected)
-                todo = bool(set(collected) - reused)
-            outcomes: dict[str, str] = dict.fromkeys(reused, PASS)
-            if todo:
-                deselect = [arg for n in sorted(reused) for arg in ("--deselect", n)]
-                result, _, _, error = run_stage(
-                    python, res.sources(k), out_dir, f"stage-{k}", select, tree, TEST_DIRS,
-                    marker=None, plugins=[PLUGIN], extra_env=env, extra_args=deselect,
-                )  # fmt: skip
-                if error:
-                    run.errors.append(error)
-                outcomes.update(result)
-                again = sorted(n for n, o in result.items() if o in BAD)
-                if again and not error:
-                    rerun, *_ = run_stage(
-                        python, res.sources(k), out_dir, f"stage-{k}-rerun", None, tree, again,
-                        marker=None, plugins=[PLUGIN], extra_env=env,
-                    )  # fmt: skip
-                    outcomes = evaluate(outcomes, rerun)
-            run.outcomes = outcomes
-            run.seconds = time.monotonic() - started
-            if reused:
-                run.note = f"{len(reused)} passed in `nox -s tests` on this code, reused"
-            counts = f"{run.count(PASS, FLAKY)} passed, {len(run.failures)} failed, {run.count(SKIP)} skipped"
-            extra = f"; {run.note}" if run.note else ""
-            print(f"{name} stage {k}: {counts} ({run.seconds:.1f} s{extra})", file=out, flush=True)
-    finally:
-        # why: the venv is shared with the tests session and verify; leave it on the final overlay.
-        venvs.install_sources(python, res.sources())
-    return runs
+    run = StageRun(name, k)
+    started = time.monotonic()
+    tree = write_tree(res.derived_tests(k), layout.build / "own-tests" / name / f"stage-{k}", layout)
+    reused: set[str] = set()
+    if reuse_final and k == res.final:
+        reused = final_record.passed(name, res.sources(k), layout)
+    todo = True
+    if reused:
+        _, _, _, error = run_stage(
+            python, res.sources(k), out_dir, f"stage-{k}-collect", select, tree, TEST_DIRS,
+            collect_only=True, marker=None, plugins=[PLUGIN], extra_env=env,
+        )  # fmt: skip
+        collected = json.loads((out_dir / f"stage-{k}-collect.json").read_text()) if not error else {}
+        reused &= set(collected)
+        todo = bool(set(collected) - reused)
+    outcomes: dict[str, str] = dict.fromkeys(reused, PASS)
+    if todo:
+        deselect = [arg for n in sorted(reused) for arg in ("--deselect", n)]
+        result, _, _, error = run_stage(
+            python, res.sources(k), out_dir, f"stage-{k}", select, tree, TEST_DIRS,
+            marker=None, plugins=[PLUGIN], extra_env=env, extra_args=deselect,
+        )  # fmt: skip
+        if error:
+            run.errors.append(error)
+        outcomes.update(result)
+        again = sorted(n for n, o in result.items() if o in BAD)
+        if again and not error:
+            rerun, *_ = run_stage(
+                python, res.sources(k), out_dir, f"stage-{k}-rerun", None, tree, again,
+                marker=None, plugins=[PLUGIN], extra_env=env,
+            )  # fmt: skip
+            outcomes = evaluate(outcomes, rerun)
+    run.outcomes = outcomes
+    run.seconds = time.monotonic() - started
+    if reused:
+        run.note = f"{len(reused)} passed in `nox -s tests` on this code, reused"
+    counts = f"{run.count(PASS, FLAKY)} passed, {len(run.failures)} failed, {run.count(SKIP)} skipped"
+    extra = f"; {run.note}" if run.note else ""
+    print(f"{name} stage {k}: {counts} ({run.seconds:.1f} s{extra})", file=out, flush=True)
+    return run
 
 
 def run_own_tests(
@@ -295,15 +283,57 @@ def run_own_tests(
         file=out,
         flush=True,
     )
-    for res in results.values():
-        venvs.ensure(res.line, layout)  # sequentially: uv shares its cache between them
+    # Stages with nothing of their own to run, or the code and tests of an earlier one, run once.
+    runs: dict[str, dict[int, StageRun]] = {name: {} for name in results}
+    same: dict[tuple[str, int], int] = {}
+    todo: dict[str, list[int]] = {}
+    for name, res in results.items():
+        seen: dict[str, int] = {}
+        for k in stages[name]:
+            tests = res.derived_tests(k)
+            if not any(Path(rel).name.startswith("test_") for rel in tests):
+                runs[name][k] = StageRun(name, k, note="no test files")
+                continue
+            key = tree_key(res.sources(k), tests)
+            if key in seen:
+                same[(name, k)] = seen[key]
+                continue
+            seen[key] = k
+            todo.setdefault(name, []).append(k)
+    # why copies: a venv holds one stage's files at a time; ``jobs`` stages of a line side by side
+    # need as many venvs (made sequentially: uv shares its cache between them).
+    jobs = max(1, jobs)
+    slots: dict[str, queue.Queue[Path]] = {}
+    for name, ks in todo.items():
+        slots[name] = queue.Queue()
+        for copy in range(min(jobs, len(ks))):
+            slots[name].put(venvs.ensure(results[name].line, layout, copy=copy))
+
+    def one(name: str, k: int) -> StageRun:
+        python = slots[name].get()
+        try:
+            return _run_stage(results[name], k, python, layout, select, not drift, env, out)
+        finally:
+            slots[name].put(python)
+
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {
-            name: pool.submit(_run_line, res, stages[name], layout, select, not drift, env, out)
-            for name, res in results.items()
-        }
-        runs = {name: f.result() for name, f in futures.items()}
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {task: pool.submit(one, *task) for task in schedule(todo)}
+            for (name, k), future in futures.items():
+                runs[name][k] = future.result()
+    finally:
+        # why: the line's own venv is shared with the tests session and verify; leave it on the final
+        # overlay (the copies are this mode's alone).
+        for name in todo:
+            venvs.install_sources(venvs.ensure(results[name].line, layout), results[name].sources())
+    for (name, k), earlier in same.items():
+        first_run = runs[name][earlier]
+        runs[name][k] = StageRun(
+            name, k, dict(first_run.outcomes), list(first_run.errors), note=f"as stage {earlier}"
+        )
+        print(f"{name} stage {k}: the code and tests of stage {earlier}, not run again", file=out)
+    runs = {name: dict(sorted(by.items())) for name, by in runs.items()}
     print(render(runs), file=out)
     ok = all(r.ok for by_stage in runs.values() for r in by_stage.values())
     report = {
