@@ -278,7 +278,7 @@ def run_own_tests(
     methods = os.environ.get("LEPATCH_START_METHODS") or DEFAULT_START_METHODS
     env = {"LEPATCH_START_METHODS": methods}
     print(
-        f"verify --own-tests: stages {first}- by default (the first patch not a backport: "
+        f"verify --own-tests: stages {stage_range or f'{first}-'} (the first patch not a backport: "
         f"{series.names[first - 1] if first <= len(series.names) else 'none'}); start methods {methods}",
         file=out,
         flush=True,
