@@ -8,12 +8,13 @@ import pytest
 
 from tools.engine.own_tests import (
     StageRun,
+    dir_keys,
     evaluate,
     first_own_stage,
     origin_kind,
     plan,
     render,
-    tree_key,
+    split_dirs,
     write_tree,
 )
 from tools.engine.series import load_series
@@ -54,13 +55,37 @@ def test_plan_runs_from_the_first_own_stage_unless_a_range_is_given() -> None:
         plan({"3.3": 6}, 4, "5-9")
 
 
-def test_tree_key_changes_with_the_code_or_a_test_file() -> None:
-    code = {"airflow/executors/local_executor.py": b"a"}
-    tests = {"tests/executor/test_x.py": b"t"}
-    assert tree_key(code, tests) == tree_key(dict(code), dict(tests))
-    assert tree_key(code, tests) != tree_key({"airflow/executors/local_executor.py": b"b"}, tests)
-    assert tree_key(code, tests) != tree_key(code, {"tests/executor/test_x.py": b"u"})
-    assert tree_key(code, tests) != tree_key(code, {**tests, "tests/executor/test_y.py": b""})
+def test_a_test_directory_runs_again_only_when_its_files_or_its_tested_code_change() -> None:
+    ex, sup = "airflow/executors/local_executor.py", "airflow/sdk/execution_time/supervisor.py"
+    tests = {"tests/executor/conftest.py": b"c", "tests/executor/test_x.py": b"t"}
+    keys = dir_keys({ex: b"a", sup: b"s"}, tests)
+    assert set(keys) == {"tests/executor"}  # no test_*.py in the others: nothing to run there
+    assert dir_keys({ex: b"a", sup: b"other"}, tests) == keys  # the supervisor is not what they test
+    assert dir_keys({ex: b"b", sup: b"s"}, tests) != keys
+    assert dir_keys({ex: b"a"}, {**tests, "tests/executor/conftest.py": b"d"}) != keys
+    with_sup = dir_keys({ex: b"a", sup: b"s"}, {**tests, "tests/supervisor/test_s.py": b"s"})
+    assert with_sup["tests/executor"] == keys["tests/executor"] and "tests/supervisor" in with_sup
+
+
+def test_split_dirs_borrows_what_an_earlier_stage_ran() -> None:
+    keys = {
+        4: {"tests/executor": "e4"},
+        5: {"tests/executor": "e4"},  # same code and tests as 4 (3.1's stage 11, say)
+        9: {"tests/executor": "e9"},
+        10: {"tests/executor": "e9", "tests/supervisor": "s10"},
+        11: {"tests/executor": "e9", "tests/supervisor": "s10", "tests/api_server": "a11"},
+    }
+    run, borrow = split_dirs(keys)
+    assert run == {
+        4: ["tests/executor"],
+        5: [],
+        9: ["tests/executor"],
+        10: ["tests/supervisor"],
+        11: ["tests/api_server"],
+    }
+    assert borrow[5] == {"tests/executor": 4}
+    assert borrow[11] == {"tests/executor": 9, "tests/supervisor": 10}
+    assert borrow[4] == {} and borrow[9] == {}
 
 
 def test_a_stage_fails_on_any_failure_error_or_missing_attribute() -> None:
@@ -120,10 +145,18 @@ def test_verify_takes_own_tests_and_keeps_its_plain_mode(monkeypatch: pytest.Mon
     from tools.engine import own_tests, verify
 
     called: list[str] = []
-    monkeypatch.setattr(own_tests, "run_own_tests", lambda *a, **k: called.append("own") or 0)
-    monkeypatch.setattr(verify, "run_verify", lambda *a, **k: called.append("plain") or 0)
-    monkeypatch.setattr(own_tests.engine_mod, "default_engine", lambda: None)
-    monkeypatch.setattr(verify.engine_mod, "default_engine", lambda: None)
+
+    def own(*args: object, **kwargs: object) -> int:
+        called.append("own")
+        return 0
+
+    def plain(*args: object, **kwargs: object) -> int:
+        called.append("plain")
+        return 0
+
+    monkeypatch.setattr(own_tests, "run_own_tests", own)
+    monkeypatch.setattr(verify, "run_verify", plain)
+    monkeypatch.setattr("tools.engine.apply.default_engine", lambda: None)
     for argv in (["verify", "--own-tests", "--line", "3.4", "--stage-range", "7-"], ["verify"]):
         args = build_parser().parse_args(argv)
         assert args.func(args) == 0

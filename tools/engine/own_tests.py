@@ -23,8 +23,10 @@ Scenarios run under fork only unless ``LEPATCH_START_METHODS`` says otherwise
 it). Every test is bounded: the harness's watchdog kills a stuck scenario, pytest-timeout (the
 project's ``pyproject.toml``, copied beside the tree) any other test. On the final stage the tests
 that passed in ``nox -s tests`` on the same code and tests are not run again
-(``tools.engine.final_record``). ``--jobs`` stages run side by side, the latest first, each in a
-venv of its own (the line's, or a copy of it: ``build/venvs/<line>-copyN``). It prints a
+(``tools.engine.final_record``), and a test directory whose files and tested upstream file an
+earlier stage had takes that stage's outcomes (``dir_keys``). ``--jobs`` stages run side by
+side, the latest first, each in a venv of its own (the line's, or a copy of it:
+``build/venvs/<line>-copyN``). It prints a
 stage x line table and the failing node ids, writes ``build/verify-own-tests.json`` and exits 1 on
 any failure.
 """
@@ -59,6 +61,7 @@ from tools.engine.verify import (
     parse_stage_range,
     run_stage,
 )
+from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import Layout
 
@@ -90,12 +93,42 @@ def plan(finals: Mapping[str, int], first: int, stage_range: str | None) -> dict
     return {line: list(range(first, final + 1)) for line, final in finals.items()}
 
 
-def tree_key(sources: Mapping[str, bytes], tests: Mapping[str, bytes]) -> str:
-    """One value for what a stage runs: its installed files and its test tree (equal keys, equal run)."""
-    digest = hashlib.sha256(final_record.sources_digest(sources))
-    for rel in sorted(tests):
-        digest.update(rel.encode() + b"\0" + hashlib.sha256(tests[rel]).digest())
-    return digest.hexdigest()
+def dir_keys(sources: Mapping[str, bytes], tests: Mapping[str, bytes]) -> dict[str, str]:
+    """Test directory -> one value for what running it means: its files and the upstream file it tests.
+
+    A directory runs the upstream file it tests only (the executor's tests replace the task runner:
+    no supervisor runs in them, as verify relies on too), so a stage that changes neither runs it as
+    an earlier stage did. Directories with no ``test_*.py`` are left out.
+    """
+    keys = {}
+    for f in pins.UPSTREAM_FILES:
+        prefix = f.tests_dir + "/"
+        files = {rel: data for rel, data in tests.items() if rel.startswith(prefix)}
+        if not any(Path(rel).name.startswith("test_") for rel in files):
+            continue
+        digest = hashlib.sha256(f.package_path.encode() + b"\0" + sources.get(f.package_path, b"-"))
+        for rel in sorted(files):
+            digest.update(b"\0" + rel.encode() + b"\0" + hashlib.sha256(files[rel]).digest())
+        keys[f.tests_dir] = digest.hexdigest()
+    return keys
+
+
+def split_dirs(
+    keys_by_stage: Mapping[int, Mapping[str, str]],
+) -> tuple[dict[int, list[str]], dict[int, dict[str, int]]]:
+    """Per stage, the test directories to run there and those whose outcomes an earlier stage gives."""
+    run: dict[int, list[str]] = {}
+    borrow: dict[int, dict[str, int]] = {}
+    seen: dict[str, int] = {}
+    for k in sorted(keys_by_stage):
+        run[k], borrow[k] = [], {}
+        for d, key in keys_by_stage[k].items():
+            if key in seen:
+                borrow[k][d] = seen[key]
+            else:
+                seen[key] = k
+                run[k].append(d)
+    return run, borrow
 
 
 @dataclass
@@ -210,7 +243,9 @@ def _run_stage(
     reuse_final: bool,
     env: Mapping[str, str],
     out: Any,
+    test_dirs: Sequence[str] = TEST_DIRS,
 ) -> StageRun:
+    """Run stage ``k``'s own tests in ``test_dirs`` (those whose outcome no earlier stage gives)."""
     name = res.line.name
     out_dir = layout.build / "verify-own" / name
     run = StageRun(name, k)
@@ -222,7 +257,7 @@ def _run_stage(
     todo = True
     if reused:
         _, _, _, error = run_stage(
-            python, res.sources(k), out_dir, f"stage-{k}-collect", select, tree, TEST_DIRS,
+            python, res.sources(k), out_dir, f"stage-{k}-collect", select, tree, test_dirs,
             collect_only=True, marker=None, plugins=[PLUGIN], extra_env=env,
         )  # fmt: skip
         collected = json.loads((out_dir / f"stage-{k}-collect.json").read_text()) if not error else {}
@@ -232,7 +267,7 @@ def _run_stage(
     if todo:
         deselect = [arg for n in sorted(reused) for arg in ("--deselect", n)]
         result, _, _, error = run_stage(
-            python, res.sources(k), out_dir, f"stage-{k}", select, tree, TEST_DIRS,
+            python, res.sources(k), out_dir, f"stage-{k}", select, tree, test_dirs,
             marker=None, plugins=[PLUGIN], extra_env=env, extra_args=deselect,
         )  # fmt: skip
         if error:
@@ -283,23 +318,19 @@ def run_own_tests(
         file=out,
         flush=True,
     )
-    # Stages with nothing of their own to run, or the code and tests of an earlier one, run once.
+    # A test directory whose files and tested code an earlier stage had runs there only (3.1's stage 11
+    # has no file to change; stages 10 and 11 change no executor test).
     runs: dict[str, dict[int, StageRun]] = {name: {} for name in results}
-    same: dict[tuple[str, int], int] = {}
     todo: dict[str, list[int]] = {}
+    dirs: dict[tuple[str, int], list[str]] = {}
+    borrowed: dict[tuple[str, int], dict[str, int]] = {}
     for name, res in results.items():
-        seen: dict[str, int] = {}
+        keys = {k: dir_keys(res.sources(k), res.derived_tests(k)) for k in stages[name]}
+        run_dirs, borrow = split_dirs(keys)
         for k in stages[name]:
-            tests = res.derived_tests(k)
-            if not any(Path(rel).name.startswith("test_") for rel in tests):
-                runs[name][k] = StageRun(name, k, note="no test files")
-                continue
-            key = tree_key(res.sources(k), tests)
-            if key in seen:
-                same[(name, k)] = seen[key]
-                continue
-            seen[key] = k
-            todo.setdefault(name, []).append(k)
+            dirs[(name, k)], borrowed[(name, k)] = run_dirs[k], borrow[k]
+            if run_dirs[k]:
+                todo.setdefault(name, []).append(k)
     # why copies: a venv holds one stage's files at a time; ``jobs`` stages of a line side by side
     # need as many venvs (made sequentially: uv shares its cache between them).
     jobs = max(1, jobs)
@@ -312,7 +343,7 @@ def run_own_tests(
     def one(name: str, k: int) -> StageRun:
         python = slots[name].get()
         try:
-            return _run_stage(results[name], k, python, layout, select, not drift, env, out)
+            return _run_stage(results[name], k, python, layout, select, not drift, env, out, dirs[(name, k)])
         finally:
             slots[name].put(python)
 
@@ -327,12 +358,17 @@ def run_own_tests(
         # overlay (the copies are this mode's alone).
         for name in todo:
             venvs.install_sources(venvs.ensure(results[name].line, layout), results[name].sources())
-    for (name, k), earlier in same.items():
-        first_run = runs[name][earlier]
-        runs[name][k] = StageRun(
-            name, k, dict(first_run.outcomes), list(first_run.errors), note=f"as stage {earlier}"
-        )
-        print(f"{name} stage {k}: the code and tests of stage {earlier}, not run again", file=out)
+    for (name, k), borrow in borrowed.items():
+        run = runs[name].setdefault(k, StageRun(name, k))
+        for d, earlier in sorted(borrow.items()):
+            first_run = runs[name][earlier]
+            run.outcomes.update({n: o for n, o in first_run.outcomes.items() if n.startswith(d + "/")})
+            run.errors += [e for e in first_run.errors if e not in run.errors]
+        if borrow:
+            since = ", ".join(f"{d} as stage {j}" for d, j in sorted(borrow.items()))
+            run.note = "; ".join(filter(None, [run.note, since]))
+        if not borrow and not dirs[(name, k)]:
+            run.note = "no test files"
     runs = {name: dict(sorted(by.items())) for name, by in runs.items()}
     print(render(runs), file=out)
     ok = all(r.ok for by_stage in runs.values() for r in by_stage.values())

@@ -35,7 +35,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     allowed = allowed_methods(os.environ.get(ENV))
     if not allowed:
         return
-    keep, drop = [], []
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
     for item in items:
         callspec = getattr(item, "callspec", None)
         (drop if callspec is not None and deselected(callspec.params, allowed) else keep).append(item)
