@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,3 +175,62 @@ def test_schedule_starts_the_latest_stages_first_lines_interleaved() -> None:
         ("3.3", 4),
     ]
     assert schedule({}) == []
+
+
+class _Line:
+    name = "3.4"
+
+
+class _Result:
+    """The parts of a LineResult a stage run reads."""
+
+    line = _Line()
+
+    def derived_tests(self, k: int | None = None) -> dict[str, bytes]:
+        return {"tests/executor/test_x.py": b"x", "tests/supervisor/test_s.py": b"s"}
+
+    def sources(self, k: int | None = None) -> dict[str, bytes]:
+        return {"airflow/executors/local_executor.py": b"final" if k is None else f"stage {k}".encode()}
+
+
+def test_a_stage_reuses_what_passed_in_the_tests_session_where_its_tests_are_the_final_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import json
+
+    from tools.engine import own_tests
+
+    (tmp_path / "pyproject.toml").write_text("")
+    layout = Layout(root=tmp_path)
+    calls: list[tuple[str, list[str], bool]] = []
+
+    def fake_run_stage(python, sources, out_dir, tag, select, tree, nodeids, collect_only=False, **kw):
+        calls.append((tag, list(nodeids) + list(kw.get("extra_args", ())), collect_only))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if collect_only:
+            collected = {"tests/executor/test_x.py::a": {}, "tests/executor/test_x.py::b": {}}
+            (out_dir / f"{tag}.json").write_text(json.dumps(collected))
+            return {}, {}, {}, None
+        if tag.endswith("-rerun"):
+            return {"tests/executor/test_x.py::b": PASS}, {}, {}, None
+        return {"tests/executor/test_x.py::b": FAIL}, {}, {}, None
+
+    monkeypatch.setattr(own_tests, "run_stage", fake_run_stage)
+    monkeypatch.setattr(
+        own_tests.final_record, "passed", lambda line, sources, layout: {"tests/executor/test_x.py::a"}
+    )
+    res: Any = _Result()
+    run = own_tests._run_stage(
+        res, 9, Path("python"), layout, None, ["tests/executor"], {}, io.StringIO(), ["tests/executor"]
+    )
+    assert run.outcomes == {"tests/executor/test_x.py::a": PASS, "tests/executor/test_x.py::b": FLAKY}
+    assert [c[0] for c in calls] == ["stage-9-collect", "stage-9", "stage-9-rerun"]
+    assert calls[1][1] == ["tests/executor", "--deselect", "tests/executor/test_x.py::a"]
+    assert "reused" in run.note
+    calls.clear()
+    # Not the final stage's tests: nothing reused, no collection.
+    run = own_tests._run_stage(
+        res, 7, Path("python"), layout, None, [], {}, io.StringIO(), ["tests/executor"]
+    )
+    assert [c[0] for c in calls] == ["stage-7", "stage-7-rerun"] and run.ok
