@@ -209,7 +209,10 @@ def test_a_stage_reuses_what_passed_in_the_tests_session_where_its_tests_are_the
         calls.append((tag, list(nodeids) + list(kw.get("extra_args", ())), collect_only))
         out_dir.mkdir(parents=True, exist_ok=True)
         if collect_only:
-            collected = {"tests/executor/test_x.py::a": {}, "tests/executor/test_x.py::b": {}}
+            collected: dict[str, dict[str, str]] = {
+                "tests/executor/test_x.py::a": {},
+                "tests/executor/test_x.py::b": {},
+            }
             (out_dir / f"{tag}.json").write_text(json.dumps(collected))
             return {}, {}, {}, None
         if tag.endswith("-rerun"):
@@ -218,7 +221,7 @@ def test_a_stage_reuses_what_passed_in_the_tests_session_where_its_tests_are_the
 
     monkeypatch.setattr(own_tests, "run_stage", fake_run_stage)
     monkeypatch.setattr(
-        own_tests.final_record, "passed", lambda line, sources, layout: {"tests/executor/test_x.py::a"}
+        "tools.engine.final_record.passed", lambda line, sources, layout: {"tests/executor/test_x.py::a"}
     )
     res: Any = _Result()
     run = own_tests._run_stage(

@@ -369,16 +369,16 @@ def run_own_tests(
         # overlay (the copies are this mode's alone).
         for name in todo:
             venvs.install_sources(venvs.ensure(results[name].line, layout), results[name].sources())
-    for (name, k), borrow in borrowed.items():
+    for (name, k), taken in borrowed.items():
         run = runs[name].setdefault(k, StageRun(name, k))
-        for d, earlier in sorted(borrow.items()):
+        for d, earlier in sorted(taken.items()):
             first_run = runs[name][earlier]
             run.outcomes.update({n: o for n, o in first_run.outcomes.items() if n.startswith(d + "/")})
             run.errors += [e for e in first_run.errors if e not in run.errors]
-        if borrow:
-            since = ", ".join(f"{d} as stage {j}" for d, j in sorted(borrow.items()))
+        if taken:
+            since = ", ".join(f"{d} as stage {j}" for d, j in sorted(taken.items()))
             run.note = "; ".join(filter(None, [run.note, since]))
-        if not borrow and not dirs[(name, k)]:
+        if not taken and not dirs[(name, k)]:
             run.note = "no test files"
     runs = {name: dict(sorted(by.items())) for name, by in runs.items()}
     print(render(runs), file=out)
