@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "tools.engine.checkout",
     "tools.engine.port",
     "tools.engine.verify",
+    "tools.engine.own_tests",  # adds --own-tests to verify
     "tools.engine.testrun",
     "tools.measure.bench",
     "tools.measure.chaos",

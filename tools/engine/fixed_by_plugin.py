@@ -27,10 +27,11 @@ _CANNOT_RUN = re.compile(r"^AttributeError: .*object has no attribute '\w+'")
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
+        # why every item: ``verify --own-tests`` collects a stage's unmarked tests as well.
+        rec = _records.setdefault(item.nodeid, {})
         marker = item.get_closest_marker("fixed_by")
         if marker is not None:
             patch = marker.args[0] if marker.args else marker.kwargs.get("patch")
-            rec = _records.setdefault(item.nodeid, {})
             rec["fixed_by"] = patch
             # A bug that an earlier patch of the series introduced: the test fails only from
             # that patch until the one that fixes it.

@@ -177,11 +177,17 @@ def upstream_tests_constraints(line: Line, layout: Layout = DEFAULT) -> Path:
 
 
 def ensure(
-    line: Line | str, layout: Layout = DEFAULT, python: str | None = None, *, upstream_tests: bool = False
+    line: Line | str,
+    layout: Layout = DEFAULT,
+    python: str | None = None,
+    *,
+    upstream_tests: bool = False,
+    copy: int = 0,
 ) -> Path:
     """Python of ``build/venvs/<line>`` (``<line>-py3.X`` with another ``python``) with the pinned wheel
     and the test packages; made once. ``upstream_tests``: ``build/venvs/<line>-upstream-tests`` with
-    ``UPSTREAM_TEST_PACKAGES`` as well (what upstream's own executor test file imports)."""
+    ``UPSTREAM_TEST_PACKAGES`` as well (what upstream's own executor test file imports). ``copy`` N > 0:
+    ``build/venvs/<line>-copyN``, the same venv again (``verify --own-tests`` runs stages side by side)."""
     if not isinstance(line, Line):
         line = pins.get_line(line)
     constraints = layout.constraints / f"{line.name}.txt"
@@ -204,7 +210,11 @@ def ensure(
     by_distribution = {pin.file.distribution: fetch.ensure_pin(pin, layout=layout) for pin in line.pins}
     wheel = by_distribution[pins.DISTRIBUTION]  # verified once: it decides the interpreter too
     wheels = [str(w) for w in by_distribution.values()]
-    name = venv_name(line, python) + ("-upstream-tests" if upstream_tests else "")
+    name = (
+        venv_name(line, python)
+        + ("-upstream-tests" if upstream_tests else "")
+        + (f"-copy{copy}" if copy else "")
+    )
     python = interpreter_for(wheel, python)
     stamp = {
         "python": _python_identity(python),

@@ -272,23 +272,37 @@ def run_stage(
     layout_root: Path,
     nodeids: Sequence[str] = TEST_DIRS,
     collect_only: bool = False,
+    marker: str | None = "fixed_by",
+    plugins: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> tuple[dict[str, str], dict[str, str | None], dict[str, str], str | None]:
-    """Run the marked tests against one stage: (outcomes, fixed_by, introduced_by, error or None)."""
+    """Run the marked tests against one stage: (outcomes, fixed_by, introduced_by, error or None).
+
+    ``layout_root`` is pytest's working directory, where ``nodeids`` are (``verify --own-tests``
+    passes a stage's own test tree, ``marker=None`` to run every test in it, its own ``plugins``).
+    """
     venvs.install_sources(python, sources)
     nodeids = [n for n in nodeids if (layout_root / n.split("::")[0]).exists()]
     out_dir.mkdir(parents=True, exist_ok=True)
     record = out_dir / f"{tag}.json"
     record.unlink(missing_ok=True)
     cmd = [
-        str(python), "-m", "pytest", *nodeids, "-m", "fixed_by", "-p", "no:cacheprovider",
+        str(python), "-m", "pytest", *nodeids, "-p", "no:cacheprovider",
         "-p", "tools.engine.fixed_by_plugin", f"--junitxml={out_dir / f'{tag}.xml'}", "-q", "-rN",
     ]  # fmt: skip
+    if marker:
+        cmd += ["-m", marker]
+    for plugin in plugins:
+        cmd += ["-p", plugin]
     if select:
         cmd += ["-k", select]
+    cmd += extra_args
     if collect_only:
         cmd.append("--collect-only")
     with tempfile.TemporaryDirectory(prefix="lepatch-airflow-home-") as home:
         env = venvs.test_env(Path(home))
+        env.update(extra_env or {})
         env[RECORD_ENV] = str(record)
         proc = subprocess.run(cmd, cwd=layout_root, env=env, capture_output=True, text=True, check=False)
     (out_dir / f"{tag}.log").write_text(proc.stdout + proc.stderr)
