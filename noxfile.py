@@ -73,7 +73,7 @@ def lint(session: nox.Session) -> None:
     # 3.10: the oldest Python README.md promises (pyproject.toml's ruff target-version).
     vermin = ["vermin", "--target=3.10-", "--violations", "--no-tips", "--eval-annotations"]
     session.run(*vermin, "--exclude", "str.decode", "tools", "tests", "noxfile.py")
-    session.run("python", "-m", "tools", "lint-series")
+    run_tools(session, "lint-series")
 
 
 @nox.session
@@ -119,7 +119,7 @@ def typecheck(session: nox.Session) -> None:
 def changelog(session: nox.Session) -> None:
     """Check newsfragments/ and draft the changelog (towncrier): `nox -s changelog -- VERSION`."""
     install(session, "towncrier")
-    session.run("python", "-m", "tools", "check-newsfragments")
+    run_tools(session, "check-newsfragments")
     version = session.posargs[0] if session.posargs else "unreleased"
     session.run("towncrier", "build", "--draft", "--version", version)
 
