@@ -46,14 +46,18 @@ again while its earlier dispatch runs, connection tests) stays there, in priorit
 next heartbeat.
 A task workload whose worker died before starting it goes back there too.
 
-What a worker started dies with it. Each worker leads a session of its own (its pid is the session
-id), so every process it starts for a workload (the task process task-sdk's supervisor forks, and
-whatever that starts) is in that session, even in a process group of its own, unless it starts a
-session itself (as SubprocessHook does: those are found as children of processes in the session).
-Once a worker has exited, for whatever reason, the executor SIGKILLs all of them and waits until they
-are dead, and only then reaps the worker, ends the workload it held and frees its slot: the scheduler
-never runs a task again while an earlier copy still runs. Until it is reaped, the dead worker keeps
-its pid, so no unrelated process can have that session id; each process is signalled by pidfd.
+What a worker started dies with it. On Linux the executor's process and every worker are child
+subreapers: an orphan goes to its nearest such ancestor, not to init. So a live worker adopts what its
+tasks leave (a BashOperator job whose task process exited, a daemon), and reaps it between workloads;
+when a worker dies, its children come to the executor's process at once, and the rest of its tree as
+their parents die. Each worker leads a session of its own, which everything it starts is in or below,
+never in the scheduler's: what dead workers left is the executor process's children that are neither
+workers nor in its session. Once a worker has exited, for whatever reason, the executor SIGKILLs those
+by pid (an unreaped child's pid names it) and reaps them, level by level, until none is left, and only
+then reaps the worker, ends the workload it held and frees its slot: the scheduler never runs a task
+again while an earlier copy still runs. Not covered: another user's processes (run_as_user), which it
+may not signal (logged); platforms without /proc or prctl; a process the scheduler's own code starts in
+a session of its own, which would be taken for a worker's (Airflow's scheduler starts none).
 
 Every fork happens in a process with one thread: the executor starts no thread, so a worker forked
 to replace a dead one (from the scheduler's thread, in ``sync()``) cannot inherit a lock another thread
@@ -80,7 +84,6 @@ import multiprocessing
 import multiprocessing.connection
 import multiprocessing.process
 import os
-import select
 import signal
 import struct
 import sys
@@ -161,33 +164,37 @@ def _stat_fields(pid: int | str) -> list[bytes] | None:
     return None
 
 
-def _left_behind(sessions: Collection[int]) -> dict[int, int] | None:
-    """
-    The live processes the workers whose session ids are ``sessions`` started; None without /proc.
-
-    Those in the sessions map to 0. Below them, processes in sessions of their own (SubprocessHook starts
-    one, so BashOperator's shell and what it runs are there) map to their parent, which comes first.
-    A session's leader, the worker itself, is left out, and so is a zombie: it runs nothing.
-    """
-    if not os.path.exists("/proc/self/stat"):
-        return None
-    table = {int(e): f for e in os.listdir("/proc") if e.isdigit() and (f := _stat_fields(e))}
-    found = {pid: 0 for pid, f in table.items() if int(f[3]) in sessions and pid != int(f[3])}
-    stack = list(found)
-    while stack:
-        parent = stack.pop()
-        for pid, f in table.items():
-            if int(f[1]) == parent and pid not in found:
-                found[pid] = parent
-                stack.append(pid)
-    return {pid: parent for pid, parent in found.items() if table[pid][0] not in (b"Z", b"X")}
+# The pids of every executor's workers in this process, until each is reaped: never left behind.
+_WORKERS: set[int] = set()
 
 
-def _pidfd_exited(pidfd: int) -> bool:
-    """Whether the process a pidfd names has exited (its pidfd turns readable)."""
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux; no privilege needed)."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _left_behind(pid: int | str) -> bool:
+    """Whether process ``pid`` is a child of this process that exited workers left (module docstring)."""
+    fields = _stat_fields(pid)
+    return (
+        bool(fields)
+        and int(fields[1]) == os.getpid()
+        and int(fields[3]) != os.getsid(0)
+        and int(pid) not in _WORKERS
+    )
+
+
+def _reap(pids: list[int]) -> bool:
+    """Reap ``pids``, children of this process, in order as each exits (dropping it); whether all are."""
+    while pids:
+        with contextlib.suppress(ChildProcessError):  # reaped already
+            if not os.waitpid(pids[0], os.WNOHANG)[0]:
+                return False
+        del pids[0]
+    return True
 
 
 # The state of the frame a worker writes, once per task, as soon as it has forked the task's first
@@ -289,10 +296,11 @@ def _run_worker(
     inherited: Sequence[Connection],
     team_conf,
 ):
-    # Invariant: every process this worker starts (task processes, and what they start) is in a session
-    # whose id is this worker's pid, so the executor can find and kill them all once this worker is dead,
-    # even those in process groups of their own. First thing: a worker killed before it had started nothing.
+    # Invariant: every process this worker starts is in this worker's session or one below it, never the
+    # scheduler's, and comes to this worker (or, once it is dead, to the executor) when orphaned. First
+    # thing: a worker killed before it had started nothing.
     os.setsid()
+    _adopt_orphans()
     # Ignore ctrl-c in this process -- we don't want to kill _this_ one. we let tasks run to completion
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A forked worker inherits the executor process's SIGTERM handler: the scheduler's returns without
@@ -322,6 +330,11 @@ def _run_worker(
     os.register_at_fork(after_in_parent=acknowledge_start)
 
     while True:
+        # Between workloads only: during one, task-sdk's supervisor (psutil) must be the task process's only
+        # reaper. What is reaped here is what tasks left and this worker adopted, once it has exited.
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
         setproctitle(f"{_get_executor_process_title_prefix(team_conf.team_name)} <idle>", log)
         try:
             workload = input.recv()
@@ -423,6 +436,7 @@ class LocalExecutor(BaseExecutor):
         self._outputs = {}
         self._worker_tasks.clear()
         self._unstarted.clear()
+        _adopt_orphans()  # what dead workers left comes here to be killed, not to init
 
         if self.is_mp_using_fork:
             # This creates the maximum number of worker processes (parallelism) at once
@@ -484,6 +498,7 @@ class LocalExecutor(BaseExecutor):
         # may still be killing what the worker left behind (_kill_left_behind()).
         multiprocessing.process._children.discard(p)  # type: ignore[attr-defined]
         self.workers[p.pid] = p
+        _WORKERS.add(p.pid)
         self._inputs[p.pid] = input_w
         self._outputs[p.pid] = output_r
         return p.pid
@@ -515,6 +530,11 @@ class LocalExecutor(BaseExecutor):
         # worker itself is gone.
         if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
             self._reap_workers(dead)
+        # What a worker left and exited on its own is reaped here, or zombies pile up: one peek when none has.
+        with contextlib.suppress(ChildProcessError, AttributeError):  # no child at all; no waitid (macOS)
+            peek = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            while (child := os.waitid(os.P_ALL, 0, peek)) and _left_behind(child.si_pid):
+                os.waitpid(child.si_pid, 0)
 
     @_held_off()
     def _process_workloads(self, workload_list):
@@ -630,7 +650,7 @@ class LocalExecutor(BaseExecutor):
         for pid in pids:
             _exited(self.workers[pid], timeout=math.inf)
         # Before any key is failed or slot freed: the scheduler may run the key again at once.
-        self._kill_left_behind(pids)
+        self._kill_left_behind()
         for pid in pids:
             # The frames it finished before dying are in the pipe: apply them before deciding that the
             # workload it held never finished. What is left is a frame it died writing.
@@ -639,6 +659,7 @@ class LocalExecutor(BaseExecutor):
             self._inputs.pop(pid).close()
             proc = self.workers.pop(pid)
             proc.join()
+            _WORKERS.discard(pid)
             if (exitcode := proc.exitcode) is not None:  # None: reaped elsewhere; close() would refuse
                 proc.close()
             if pid in self._worker_tasks:
@@ -661,69 +682,27 @@ class LocalExecutor(BaseExecutor):
             self.log.error("Worker pid=%s died (exit code %s) holding %s; failing it", pid, exitcode, key)
         self._end_dispatch(pid, state_class_for_key(key).FAILED, f"LocalExecutor worker pid={pid} died")
 
-    def _kill_left_behind(self, workers: Collection[int]) -> None:
-        """SIGKILL every process the exited ``workers`` started and left running; wait until they are dead."""
-        # Invariant: a worker's session id is its pid, and an exited worker keeps its pid until it is reaped,
-        # so while it is unreaped no process but those it started can be in its session (or process group).
-        # One reaped elsewhere (ECHILD) may have its pid reused: what it left cannot be told from others'.
-        sessions = {pid for pid in workers if _unreaped(self.workers[pid])}
-        # Without /proc or pidfd (Linux < 5.3) what they started cannot be found, or told from others'.
-        found = (_left_behind(sessions) if sessions and hasattr(os, "pidfd_open") else None) or {}
-        if not found:
-            return
-        held: dict[int, int] = {}  # pid -> pidfd of each process proven ours and sent SIGSTOP
-        spared: set[int] = set()  # processes the executor cannot, or may not, signal
+    def _kill_left_behind(self) -> None:
+        """SIGKILL and reap every process exited workers left (_left_behind()); return once none is left."""
+        # Invariant: only this process's own unreaped children are signalled, by pid, which names them until
+        # they are reaped here. A killed one's children come here in turn: each round goes one level deeper.
+        spared: set[int] = set()  # another user's (run_as_user): it may not be signalled from here
 
-        def stop_what_is_found() -> bool:
-            for pid, parent in list(found.items()):  # parents first
-                if pid in held or pid in spared:
-                    continue
+        def killed_all() -> bool:
+            found = [int(e) for e in os.listdir("/proc") if e.isdigit() and _left_behind(e)]
+            found = [pid for pid in found if pid not in spared]
+            for pid in found:
                 try:
-                    pidfd = os.pidfd_open(pid)
-                except OSError:  # gone, or no pidfd (Linux < 5.3): by pid alone it could be another's
+                    os.kill(pid, signal.SIGKILL)
+                except PermissionError as e:
+                    self.log.error("Cannot kill pid=%s, left by an exited worker: %s", pid, e)
                     spared.add(pid)
-                    continue
-                # The pidfd names, for good, the process that had ``pid`` when it was opened; until it is
-                # reaped /proc/pid shows it. It is ours if it is in a worker's session (nothing else can
-                # be while the worker is unreaped), or if its parent is ``parent``, one of ours that is
-                # still there afterwards (so it was when this one was named).
-                fields, up = _stat_fields(pid), held.get(parent)
-                if fields is not None and (
-                    int(fields[3]) in sessions
-                    if parent == 0
-                    else up is not None and int(fields[1]) == parent and not _pidfd_exited(up)
-                ):
-                    try:
-                        signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
-                        held[pid] = pidfd
-                        continue
-                    except OSError as e:  # gone, or another user's (run_as_user): its own supervisor's
-                        self.log.error("Cannot stop pid=%s, started by an exited worker: %s", pid, e)
-                        spared.add(pid)
-                os.close(pidfd)
-            stopped = all(
-                _pidfd_exited(fd) or (_stat_fields(pid) or [b"X"])[0] in b"TtZX" for pid, fd in held.items()
-            )
-            found.clear()
-            found.update(_left_behind(sessions) or {})
-            return stopped and found.keys() <= held.keys() | spared
+            killed = [pid for pid in found if pid not in spared]
+            _until(lambda: _reap(killed), self.left_behind_timeout)
+            return not found
 
-        # Stop everything, then kill: a killed process's children go to a reaper and can no longer be told
-        # from anyone else's, while a stopped one starts nothing more. A scan that finds nothing new once
-        # everything held has stopped leaves nothing of theirs to find.
-        try:
-            if not _until(stop_what_is_found, self.left_behind_timeout):
-                self.log.error(
-                    "Processes %s started by exited workers did not stop; killing them", sorted(held)
-                )
-            for pidfd in held.values():
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            if not _until(lambda: all(map(_pidfd_exited, held.values())), self.left_behind_timeout):
-                self.log.error("Processes %s started by exited workers outlived SIGKILL", sorted(held))
-        finally:
-            for pidfd in held.values():
-                os.close(pidfd)
+        if os.path.exists("/proc/self/stat") and not _until(killed_all, self.left_behind_timeout):
+            self.log.error("Processes left by exited workers outlived SIGKILL (uninterruptible sleep?)")
 
     def end(self) -> None:
         """End the executor."""
@@ -753,12 +732,11 @@ class LocalExecutor(BaseExecutor):
         """Terminate all worker processes under control of the executor forcefully."""
         self.log.info("Terminating all LocalExecutor worker processes.")
         self._stop_workers(list(self.workers))
-        # Then what they started and left running; they are reaped only once that is dead (their pids
-        # are the session ids it is found by). Results are not read any more.
-        exited = [pid for pid, proc in self.workers.items() if _exited(proc)]
-        self._kill_left_behind(exited)
-        for pid in exited:
+        # Then what they started and left running. Results are not read any more.
+        self._kill_left_behind()
+        for pid in [pid for pid, proc in self.workers.items() if _exited(proc)]:
             self.workers[pid].join(timeout=0)
+            _WORKERS.discard(pid)
 
     def _stop_workers(self, pids: Collection[int]) -> None:
         """SIGTERM the workers, then SIGKILL those alive 0.2 s later; the executor reaps them afterwards."""
