@@ -30,8 +30,16 @@ Data flow (one pair of pipes per worker; the executor runs in the scheduler proc
                                             writes: executor       |
                                             reads:  this worker    v
     sync()/end(): _read_results() <-- frames -- [results pipe] <-- (key, state, info) frames
-                  _exited() decides death      writes: this worker
-                  _reap_workers() handles it
+                  one poll() of all pipes      writes: this worker
+                  _exited() decides death (waitid)         | forks, adopts orphans (subreaper)
+                  _reap_workers() handles it               v
+                  _kill_left_behind(): what a dead worker   task process -> what the task starts
+                  left comes to the executor (subreaper)
+
+Per worker the executor holds two descriptors, its ends of the two pipes (multiprocessing's sentinel and
+the pipe its child watches are closed at once: death is decided by waitid), and ``start()`` raises the
+soft RLIMIT_NOFILE to cover ``parallelism``, or fails at once naming the limit. A read of the results is
+one ``poll()`` of an object every results pipe is registered with, however many workers are idle.
 
 No lock exists and no pipe is shared: each pipe has one writer and one reader, and every process
 closes the ends that are not its own (a forked worker closes the executor's ends it inherited). So a
@@ -72,7 +80,7 @@ Every workload is in exactly one place whenever the scheduler is interrupted:
   then taken from its queue, or left there;
 - a worker writes a start acknowledgement (``STARTED``) as soon as it has forked a task's first process
   (the task process). A task whose worker died before that frame was read never had a task process (or
-  had it killed with the worker's session before anything is decided): it is queued again and keeps its
+  had it killed with what the worker left before anything is decided): it is queued again and keeps its
   try. One that had started is failed, as before.
 """
 
@@ -84,6 +92,8 @@ import multiprocessing
 import multiprocessing.connection
 import multiprocessing.process
 import os
+import resource
+import select
 import signal
 import struct
 import sys
@@ -229,6 +239,7 @@ def _held_off() -> Iterator[None]:
         else:
             caught.append(signum)
 
+    record.caught = caught  # type: ignore[attr-defined]  # for _signal_held_off()
     try:
         for signum in saved:
             signal.signal(signum, record)
@@ -239,6 +250,11 @@ def _held_off() -> Iterator[None]:
             signal.signal(signum, handler)
         for caught_signal in replay:
             signal.raise_signal(caught_signal)  # the scheduler's handler runs at the next bytecode
+
+
+def _signal_held_off() -> bool:
+    """Whether the innermost ``_held_off()`` block has recorded a SIGTERM or SIGINT: a wait must end."""
+    return any(getattr(signal.getsignal(s), "caught", None) for s in (signal.SIGTERM, signal.SIGINT))
 
 
 def _worker_process() -> type[multiprocessing.Process]:
@@ -257,16 +273,19 @@ def _worker_process() -> type[multiprocessing.Process]:
 
 
 def _forks_task_process(workload: workloads.ExecuteTask) -> bool:
-    """Whether task-sdk starts the task process with ``fork()``, which runs the at-fork hook."""
+    """Whether task-sdk starts the task process with ``fork()``, which runs the at-fork hook; False if unsure."""
     from airflow.sdk.execution_time import supervisor
 
-    # task-sdk 1.4 spawns on macOS and with [core] execute_tasks_new_python_interpreter; before, it forks.
-    if getattr(supervisor, "_task_process_uses_exec", lambda: False)():
-        return False
     try:
         from airflow.sdk.execution_time import coordinator
     except ImportError:  # before task-sdk 1.4: every task process is forked
         return True
+    # task-sdk 1.4 spawns on macOS and with [core] execute_tasks_new_python_interpreter. A private name that
+    # is gone means a task-sdk this was not written for: the task counts as started before it runs (a worker
+    # that dies costs the task a try), never as unstarted once it runs (it would run twice).
+    uses_exec = getattr(supervisor, "_task_process_uses_exec", None)
+    if uses_exec is None or uses_exec():
+        return False
     # A task routed to another runtime's coordinator ([sdk] queue_to_coordinator: Java, ...) starts with
     # subprocess, which runs no at-fork hook either; only the Python one forks.
     try:
@@ -352,12 +371,12 @@ def _run_worker(
 
         if workload.running_state is not None:
             output.send((workload.key, workload.running_state, None))
-        if isinstance(workload, workloads.ExecuteTask):
-            unacknowledged[0] = workload.key
-            if not _forks_task_process(workload):
-                # No at-fork hook will run: acknowledge before it runs, so a worker that dies mid-task never
-                # has its started task taken for one that never started (run twice).
-                acknowledge_start()
+        # Set for every workload: a task whose process never forked must not leave its key to the next one.
+        unacknowledged[0] = workload.key if isinstance(workload, workloads.ExecuteTask) else None
+        if unacknowledged[0] is not None and not _forks_task_process(workload):
+            # No at-fork hook will run: acknowledge before it runs, so a worker that dies mid-task never
+            # has its started task taken for one that never started (run twice).
+            acknowledge_start()
 
         try:
             BaseExecutor.run_workload(
@@ -402,6 +421,9 @@ class LocalExecutor(BaseExecutor):
     #: (a workload that kills every worker it reaches must not go round forever).
     max_redispatch: int = 3
 
+    #: Seconds an idle worker has to take a whole workload before it is killed (and the workload stays queued).
+    send_timeout: float = 10.0
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # Invariant: the key and the workload each busy worker was sent and has not ended, by pid; a worker
@@ -437,6 +459,18 @@ class LocalExecutor(BaseExecutor):
         self._worker_tasks.clear()
         self._unstarted.clear()
         _adopt_orphans()  # what dead workers left comes here to be killed, not to init
+        self._results_poll = select.poll()  # every worker's results pipe: one poll() call reads them all
+        # Two descriptors per worker (the executor's pipe ends) beside those open now, and room for more:
+        # failing here names the limit, where a fork half way through would fail with EMFILE.
+        need = 2 * self.parallelism + len(os.listdir("/dev/fd")) + 64
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if need > hard != resource.RLIM_INFINITY:
+            raise RuntimeError(
+                f"LocalExecutor: parallelism {self.parallelism} needs about {need} open files, above the hard"
+                f" RLIMIT_NOFILE {hard}: raise it (systemd LimitNOFILE=, ulimit -n) or lower parallelism"
+            )
+        if need > soft != resource.RLIM_INFINITY:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
         if self.is_mp_using_fork:
             # This creates the maximum number of worker processes (parallelism) at once
@@ -486,6 +520,9 @@ class LocalExecutor(BaseExecutor):
             },
         )
         p.start()
+        # multiprocessing's sentinel and the pipe its child watches: two descriptors per worker the executor
+        # does not need (it decides a worker's death with waitid, never by sentinel, join(timeout) or wait()).
+        p._popen.finalizer()  # type: ignore[attr-defined]
         # The worker's ends belong to the worker alone: a copy kept here would keep its pipes open after
         # it died, so reading them would never see EOF and writing them never fail.
         input_r.close()
@@ -501,6 +538,7 @@ class LocalExecutor(BaseExecutor):
         _WORKERS.add(p.pid)
         self._inputs[p.pid] = input_w
         self._outputs[p.pid] = output_r
+        self._results_poll.register(output_r, select.POLLIN)
         return p.pid
 
     def _spawn_workers_with_gc_freeze(self, spawn_number):
@@ -546,6 +584,8 @@ class LocalExecutor(BaseExecutor):
                     break
                 except BrokenPipeError:  # it died before it got the workload: the next idle one takes it
                     self._reap_workers([pid])
+                    if _signal_held_off():  # the wait ended for a SIGTERM: handled once this block ends
+                        return
             else:
                 # Every worker is busy: keys hold more workers than slots (a key dispatched again while its
                 # earlier dispatch runs; connection tests, outside the slot count). What is left stays in
@@ -572,17 +612,19 @@ class LocalExecutor(BaseExecutor):
         """Write the whole workload to the worker's pipe, or kill the worker: a torn frame would be misread."""
         data = ForkingPickler.dumps(workload)  # a workload that cannot be pickled fails before any write
         frame = memoryview(struct.pack("!i", len(data)) + data)  # as the worker's recv() reads it
-        fd = self._inputs[pid].fileno()
+        fd, give_up = self._inputs[pid].fileno(), time.monotonic() + self.send_timeout
         try:
             # Only an idle worker is sent a workload, and it writes nothing until it has read all of it, so
             # this waits at most for that read. But a worker that died while a process it started holds its
-            # end would never read: a full pipe is waited on only while the worker lives.
+            # end would never read, and one stopped (a debugger, a cgroup freezer) reads nothing: a full
+            # pipe is waited on only while the worker lives, for send_timeout at most, and no longer once
+            # a SIGTERM is held off. A worker that has not taken its workload by then is treated as dead.
             while frame:
                 try:
                     frame = frame[os.write(fd, frame) :]
                 except BlockingIOError:
-                    if _exited(self.workers[pid]):
-                        raise BrokenPipeError(f"worker pid={pid} exited") from None
+                    if _exited(self.workers[pid]) or time.monotonic() > give_up or _signal_held_off():
+                        raise BrokenPipeError(f"worker pid={pid} exited or took no workload") from None
                     time.sleep(0.001)  # for the worker to read: a workload is rarely larger than the pipe
         except BaseException:
             self.workers[pid].kill()  # part of it may have gone: a torn frame would be read as the next one
@@ -591,7 +633,10 @@ class LocalExecutor(BaseExecutor):
     @_held_off()
     def _read_results(self, pids: Collection[int] | None = None) -> None:
         """Apply every result that has arrived (read without blocking)."""
-        for pid in list(self._outputs) if pids is None else pids:
+        if pids is None:  # one poll() of every worker's pipe, not a selector per pipe
+            ready = {fd for fd, _ in self._results_poll.poll(0)}
+            pids = [pid for pid, output in self._outputs.items() if output.fileno() in ready]
+        for pid in pids:
             # A frame is written whole or not at all (see _run_worker()): one that poll() sees has arrived.
             while (output := self._outputs[pid]).poll():
                 try:
@@ -606,7 +651,7 @@ class LocalExecutor(BaseExecutor):
         workload = self._worker_tasks[pid][1]
         if state == STARTED:
             self._unstarted.discard(pid)
-        elif state is None or state == "running":
+        elif state == "running":
             if workload is self._newest.get(key):
                 self.change_state(key, state, remove_running=False)
         else:
@@ -655,7 +700,8 @@ class LocalExecutor(BaseExecutor):
             # The frames it finished before dying are in the pipe: apply them before deciding that the
             # workload it held never finished. What is left is a frame it died writing.
             self._read_results(pids=[pid])
-            self._outputs.pop(pid).close()
+            self._results_poll.unregister(output := self._outputs.pop(pid))
+            output.close()
             self._inputs.pop(pid).close()
             proc = self.workers.pop(pid)
             proc.join()
@@ -670,7 +716,7 @@ class LocalExecutor(BaseExecutor):
         tries = self._redispatched.get(key, 0)
         if pid in self._unstarted and workload is self._newest.get(key) and tries < self.max_redispatch:
             # It never started (no STARTED frame came, and a worker writes one once it has forked the task
-            # process, which died with the worker's session): nothing of it runs, so it is queued again
+            # process, which was killed with what the worker left): nothing of it runs, so it is queued again
             # where the scheduler put it, and the task keeps its try. Its dispatch, no longer the newest,
             # ends below freeing only its worker and its slot.
             self.log.warning("Worker pid=%s died before it started %s; queueing it again", pid, key)
@@ -718,9 +764,7 @@ class LocalExecutor(BaseExecutor):
             # A worker cannot exit while it is blocked writing a result nobody reads: keep reading results
             # while waiting. A worker that is gone is reaped once what it started is dead.
             while self.workers:
-                multiprocessing.connection.wait(
-                    [*self._outputs.values(), *(p.sentinel for p in self.workers.values())], 0.1
-                )
+                self._results_poll.poll(100)
                 self.sync()
         except (KeyboardInterrupt, SystemExit):
             self.log.error("KeyboardInterrupt received during shutdown. Force terminating workers.")
@@ -735,7 +779,7 @@ class LocalExecutor(BaseExecutor):
         # Then what they started and left running. Results are not read any more.
         self._kill_left_behind()
         for pid in [pid for pid, proc in self.workers.items() if _exited(proc)]:
-            self.workers[pid].join(timeout=0)
+            self.workers[pid].join()
             _WORKERS.discard(pid)
 
     def _stop_workers(self, pids: Collection[int]) -> None:
