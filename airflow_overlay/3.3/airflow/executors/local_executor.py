@@ -635,7 +635,7 @@ class LocalExecutor(BaseExecutor):
         """Apply every result that has arrived (read without blocking)."""
         if pids is None:  # one poll() of every worker's pipe, not a selector per pipe
             ready = {fd for fd, _ in self._results_poll.poll(0)}
-            pids = [pid for pid, output in self._outputs.items() if output.fileno() in ready]
+            pids = [pid for pid, output in self._outputs.items() if output.fileno() in ready] if ready else ()
         for pid in pids:
             # A frame is written whole or not at all (see _run_worker()): one that poll() sees has arrived.
             while (output := self._outputs[pid]).poll():
