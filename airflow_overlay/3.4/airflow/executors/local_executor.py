@@ -421,7 +421,7 @@ class LocalExecutor(BaseExecutor):
     _inputs: dict[int, Connection]
     _outputs: dict[int, Connection]
 
-    #: Seconds ``_kill_left_behind()`` waits for the processes of a dead worker to stop, and then to die.
+    #: Seconds ``_kill_left_behind()`` waits for what it killed to die, and for a scan that finds nothing.
     left_behind_timeout: float = 5.0
 
     #: How many times a task whose worker died before starting it is queued again before it is failed
