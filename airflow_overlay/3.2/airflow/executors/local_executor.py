@@ -472,6 +472,7 @@ class LocalExecutor(BaseExecutor):
         self._newest: dict[WorkloadKey, workloads.All] = {}
         self._unstarted: set[int] = set()  # busy workers whose task has not acknowledged its start
         self._redispatched: dict[WorkloadKey, int] = {}
+        self._results_poll = select.poll()  # every worker's results pipe: one poll() call reads them all
 
         # Check if self has the ExecutorConf set on the self.conf attribute, and if not, set it to the global
         # configuration object. This allows the changes to be backwards compatible with older versions of
@@ -491,7 +492,6 @@ class LocalExecutor(BaseExecutor):
         self._worker_tasks.clear()
         self._unstarted.clear()
         _adopt_orphans()  # what dead workers left comes here to be killed, not to init
-        self._results_poll = select.poll()  # every worker's results pipe: one poll() call reads them all
         # Two descriptors per worker (the executor's pipe ends) beside those open now, and room for more:
         # failing here names the limit, where a fork half way through would fail with EMFILE.
         need = 2 * self.parallelism + len(os.listdir("/dev/fd")) + 64

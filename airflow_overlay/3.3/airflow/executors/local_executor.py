@@ -436,6 +436,7 @@ class LocalExecutor(BaseExecutor):
         self._newest: dict[WorkloadKey, ExecutorWorkload] = {}
         self._unstarted: set[int] = set()  # busy workers whose task has not acknowledged its start
         self._redispatched: dict[WorkloadKey, int] = {}
+        self._results_poll = select.poll()  # every worker's results pipe: one poll() call reads them all
 
         # Resolve the start method at instantiation, not at import: the component CLI entry may have
         # set it via [<component>]/[core] mp_start_method before the executor is created.
@@ -459,7 +460,6 @@ class LocalExecutor(BaseExecutor):
         self._worker_tasks.clear()
         self._unstarted.clear()
         _adopt_orphans()  # what dead workers left comes here to be killed, not to init
-        self._results_poll = select.poll()  # every worker's results pipe: one poll() call reads them all
         # Two descriptors per worker (the executor's pipe ends) beside those open now, and room for more:
         # failing here names the limit, where a fork half way through would fail with EMFILE.
         need = 2 * self.parallelism + len(os.listdir("/dev/fd")) + 64
