@@ -171,7 +171,7 @@ def test_sigterm_during_a_send_ends_the_scheduler_within_a_second():
     assert outcome["ended_by_sigterm_after"] < 1.0, outcome
 
 
-@pytest.mark.fixed_by(LIMITS_PATCH)
+# Not a regression test of the verify matrix: it skips on 3.1-3.3, whose task-sdk forks every task process.
 def test_a_task_counts_as_started_when_task_sdk_does_not_say_how_it_starts(monkeypatch):
     if airflow_line() != "3.4":
         pytest.skip("only task-sdk 1.4 starts a task process without fork()")
