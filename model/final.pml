@@ -6,7 +6,7 @@
  * One input pipe and one result pipe per worker slot, each with one writer and one reader. The executor
  * keeps no queue of its own: workloads wait in BaseExecutor's queue (queued_tasks, the scheduler's queue,
  * sq[] here) until an idle worker takes one. A dead worker is found by waitid(WNOWAIT) (_exited) and
- * handled in _reap_workers: it first SIGKILLs what the worker started (_kill_left_behind: its session),
+ * handled in _reap_workers: it first SIGKILLs what the worker started (_kill_left_behind: its orphans),
  * which touches no pipe or key and is not modelled, then, per pid, reads the frames the worker finished,
  * forgets its pipes and itself, and ends the workload it held (_worker_died).
  *
@@ -55,8 +55,8 @@
  * process ("os.register_at_fork(after_in_parent=acknowledge_start)"); a task workload whose worker died
  * before that frame was read goes back into BaseExecutor's queue ("self.queued_tasks[key] =
  * self._newest.pop(key)", up to MAXRD times), its slot freed, and is handed out again at a later
- * heartbeat; one that started is failed. The task process forked before the frame dies with the worker's
- * session (_kill_left_behind, not modelled); the model takes, as the overlay does, that it has done
+ * heartbeat; one that started is failed. The task process forked before the frame dies with the worker
+ * (_kill_left_behind, not modelled); the model takes, as the overlay does, that it has done
  * nothing worth keeping before the frame is written: ranby[k] (the task started) is set with it (-DNOACK
  * leaves the acknowledgement out: every lost workload failed as before patch 9). Where task-sdk spawns
  * the task process (no at-fork handler runs there) the worker writes the frame before the workload runs:

@@ -627,7 +627,8 @@ def _run_task_process(
     to ``marks`` every ``MARK_INTERVAL`` seconds for ``seconds``. With ``spec["mark_detached"]`` it
     leaves that work to a process of its own and exits at once, as a task that starts something in
     the background and returns. With ``spec["mark_in_own_session"]`` it leaves that work to a
-    process in a session of its own and waits for it, as BashOperator's SubprocessHook does.
+    process in a session of its own and waits for it, as BashOperator's SubprocessHook does (and with
+    ``spec["exit_with_worker"]`` exits as soon as its worker is gone, leaving that process orphaned).
     """
     spawned, own_group = task_process_layout(queue)
     if spawned and not (spec.get("mark_detached") or spec.get("mark_in_own_session")):
@@ -646,7 +647,12 @@ def _run_task_process(
             if spec.get("mark_in_own_session"):
                 grandchild = os.fork()
                 if grandchild != 0:
-                    os.waitpid(grandchild, 0)
+                    # With "exit_with_worker", as a task process whose log line to its dead worker fails.
+                    worker = os.getppid()
+                    while not os.waitpid(grandchild, os.WNOHANG)[0]:
+                        if spec.get("exit_with_worker") and os.getppid() != worker:
+                            os._exit(1)
+                        time.sleep(0.01)
                     os._exit(0)
                 os.setsid()
                 if spec.get("fork_on_usr1"):

@@ -85,21 +85,39 @@ def _marks_after(marks: str, tag: str, since: float) -> int:
     return sum(1 for t, _, when in read_marks(marks) if t == tag and when > since)
 
 
-def kill_worker_running_a_task(own_session: bool) -> dict:
+def _zombie_children(executor) -> list[int]:
+    """This process's children that have exited and wait to be reaped, workers left out."""
+    stats = (_stat(e) for e in os.listdir("/proc") if e.isdigit())
+    me = str(os.getpid())
+    return [int(f[0]) for f in stats if f and f[2:4] == ["Z", me] and int(f[0]) not in executor.workers]
+
+
+def _stat(pid: str) -> list[str] | None:
+    with contextlib.suppress(OSError):
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return [pid, "", *text[text.rindex(")") + 2 :].split()]
+    return None
+
+
+def kill_worker_running_a_task(own_session: bool, exit_with_worker: bool = False) -> dict:
     executor = new_executor(2)
     marks = str(Path(tempfile.mkdtemp(), "marks"))
-    key, worker, task_process = _start_first_try(executor, marks, mark_in_own_session=own_session)
+    key, worker, task_process = _start_first_try(
+        executor, marks, mark_in_own_session=own_session, exit_with_worker=exit_with_worker
+    )
 
     os.kill(worker, signal.SIGKILL)
     killed_at = time.monotonic()
-    # The scheduler's view: poll sync() until the key's failure shows, and look at the task process
-    # at that very moment.
+    # The scheduler's view: poll sync() until the key's failure shows (every second, as a scheduler's loop
+    # where the task process exits by itself), and look at the task process at that very moment.
     while key not in executor.event_buffer and time.monotonic() - killed_at < 30:
         executor.sync()
+        time.sleep(1.0 if exit_with_worker else 0.0)
     reported_at = time.monotonic()
     failed = str(executor.event_buffer.get(key, ("missing",))[0])
     task_dead_when_reported = _dead(task_process)
     slots_when_reported = executor.slots_available
+    zombies_after_sync = _zombie_children(executor)
 
     # The scheduler retries the key at once.
     executor.event_buffer.clear()
@@ -114,6 +132,7 @@ def kill_worker_running_a_task(own_session: bool) -> dict:
         "failed": failed,
         "task_dead_when_reported": task_dead_when_reported,
         "slots_when_reported": slots_when_reported,
+        "zombies_after_sync": zombies_after_sync,
         "try1_marks_after_report": _marks_after(marks, "try1", reported_at),
         "try1_marks_after_try2_began": sum(1 for tag, _, _ in lines[first_try2:] if tag == "try1"),
         "try2_marks": sum(1 for tag, _, _ in lines if tag == "try2"),
@@ -123,16 +142,28 @@ def kill_worker_running_a_task(own_session: bool) -> dict:
 
 
 @pytest.mark.fixed_by(KILL_TASKS_PATCH)
-@pytest.mark.parametrize("own_session", [False, True], ids=["task-process", "its-child-in-own-session"])
-def test_task_process_of_a_killed_worker_is_dead_before_its_key_is_failed(start_method, own_session):
-    # own_session: the marks come from a process the task process started in a session of its own and
-    # waits for, as BashOperator's shell.
+@pytest.mark.parametrize(
+    ("own_session", "exit_with_worker"),
+    [(False, False), (True, False), (True, True)],
+    ids=["task-process", "its-child-in-own-session", "its-child-in-own-session-orphaned"],
+)
+def test_task_process_of_a_killed_worker_is_dead_before_its_key_is_failed(
+    start_method, own_session, exit_with_worker
+):
+    # own_session: the marks come from a process the task process started in a session of its own, as
+    # BashOperator's shell. exit_with_worker: the task process exits as soon as its worker is gone (its
+    # next log line fails), so that shell is an orphan the moment the worker dies, long before any scan.
     outcome = run_scenario(
-        kill_worker_running_a_task, start_method=start_method, deadline=120, own_session=own_session
+        kill_worker_running_a_task,
+        start_method=start_method,
+        deadline=120,
+        own_session=own_session,
+        exit_with_worker=exit_with_worker,
     )
     assert outcome["failed"] == "failed", outcome
     assert outcome["task_dead_when_reported"], outcome
     assert outcome["slots_when_reported"] == 2, outcome
+    assert outcome["zombies_after_sync"] == [], outcome
     assert outcome["try1_marks_after_report"] == 0, outcome
     # The retry ran, and never beside the first try.
     assert outcome["retry"] == {"task": "success"}, outcome
@@ -245,24 +276,20 @@ def kill_worker_whose_task_forks_after_the_scan() -> dict:
         executor, marks, mark_for=10.0, mark_in_own_session=True, fork_on_usr1=True
     )
     scan = getattr(local_executor, "_left_behind", None)
-    scans: list[dict] = []
+    forked: list[int] = []
 
-    def scan_then_fork(sessions):
+    def found_then_fork(pid):
         assert scan is not None
-        found = scan(sessions)
-        scans.append(found)
-        if len(scans) == 1 and found and marker in found:
+        found = scan(pid)
+        if found and int(pid) == marker and not forked:
             # The marker starts another process between the scan that found it and its kill.
+            forked.append(marker)
             os.kill(marker, signal.SIGUSR1)
             wait_until(lambda: _pids(marks, "try1") - {marker}, timeout=10)
-        elif len(scans) == 2:
-            # A slower scan: the marker, if it was killed, is gone by the time /proc is read again.
-            wait_until(lambda: _dead(marker), timeout=1)
-            found = scan(sessions)
         return found
 
     if scan is not None:  # no scan before the executor kills what a dead worker left
-        local_executor._left_behind = scan_then_fork
+        local_executor._left_behind = found_then_fork
     os.kill(worker, signal.SIGKILL)
     killed_at = time.monotonic()
     while key not in executor.event_buffer and time.monotonic() - killed_at < 30:

@@ -30,8 +30,16 @@ Data flow (one pair of pipes per worker; the executor runs in the scheduler proc
                                             writes: executor       |
                                             reads:  this worker    v
     sync()/end(): _read_results() <-- frames -- [results pipe] <-- (key, state, info) frames
-                  _exited() decides death      writes: this worker
-                  _reap_workers() handles it
+                  one poll() of all pipes      writes: this worker
+                  _exited() decides death (waitid)         | forks, adopts orphans (subreaper)
+                  _reap_workers() handles it               v
+                  _kill_left_behind(): what a dead worker   task process -> what the task starts
+                  left comes to the executor (subreaper)
+
+Per worker the executor holds two descriptors, its ends of the two pipes (multiprocessing's sentinel and
+the pipe its child watches are closed at once: death is decided by waitid), and ``start()`` raises the
+soft RLIMIT_NOFILE to cover ``parallelism``, or fails at once naming the limit. A read of the results is
+one ``poll()`` of an object every results pipe is registered with, however many workers are idle.
 
 No lock exists and no pipe is shared: each pipe has one writer and one reader, and every process
 closes the ends that are not its own (a forked worker closes the executor's ends it inherited). So a
@@ -46,14 +54,18 @@ again while its earlier dispatch runs, connection tests) stays there, in priorit
 next heartbeat.
 A task workload whose worker died before starting it goes back there too.
 
-What a worker started dies with it. Each worker leads a session of its own (its pid is the session
-id), so every process it starts for a workload (the task process task-sdk's supervisor forks, and
-whatever that starts) is in that session, even in a process group of its own, unless it starts a
-session itself (as SubprocessHook does: those are found as children of processes in the session).
-Once a worker has exited, for whatever reason, the executor SIGKILLs all of them and waits until they
-are dead, and only then reaps the worker, ends the workload it held and frees its slot: the scheduler
-never runs a task again while an earlier copy still runs. Until it is reaped, the dead worker keeps
-its pid, so no unrelated process can have that session id; each process is signalled by pidfd.
+What a worker started dies with it. On Linux the executor's process and every worker are child
+subreapers: an orphan goes to its nearest such ancestor, not to init. So a live worker adopts what its
+tasks leave (a BashOperator job whose task process exited, a daemon), and reaps it between workloads;
+when a worker dies, its children come to the executor's process at once, and the rest of its tree as
+their parents die. Each worker leads a session of its own, which everything it starts is in or below,
+never in the scheduler's: what dead workers left is the executor process's children that are neither
+workers nor in its session. Once a worker has exited, for whatever reason, the executor SIGKILLs those
+by pid (an unreaped child's pid names it) and reaps them, level by level, until none is left, and only
+then reaps the worker, ends the workload it held and frees its slot: the scheduler never runs a task
+again while an earlier copy still runs. Not covered: another user's processes (run_as_user), which it
+may not signal (logged); platforms without /proc or prctl; a process the scheduler's own code starts in
+a session of its own, which would be taken for a worker's (Airflow's scheduler starts none).
 
 Every fork happens in a process with one thread: the executor starts no thread, so a worker forked
 to replace a dead one (from the scheduler's thread, in ``sync()``) cannot inherit a lock another thread
@@ -68,7 +80,7 @@ Every workload is in exactly one place whenever the scheduler is interrupted:
   then taken from its queue, or left there;
 - a worker writes a start acknowledgement (``STARTED``) as soon as it has forked a task's first process
   (the task process). A task whose worker died before that frame was read never had a task process (or
-  had it killed with the worker's session before anything is decided): it is queued again and keeps its
+  had it killed with what the worker left before anything is decided): it is queued again and keeps its
   try. One that had started is failed, as before.
 """
 
@@ -81,6 +93,7 @@ import multiprocessing
 import multiprocessing.connection
 import multiprocessing.process
 import os
+import resource
 import select
 import signal
 import struct
@@ -150,33 +163,37 @@ def _stat_fields(pid: int | str) -> list[bytes] | None:
     return None
 
 
-def _left_behind(sessions: Collection[int]) -> dict[int, int] | None:
-    """
-    The live processes the workers whose session ids are ``sessions`` started; None without /proc.
-
-    Those in the sessions map to 0. Below them, processes in sessions of their own (SubprocessHook starts
-    one, so BashOperator's shell and what it runs are there) map to their parent, which comes first.
-    A session's leader, the worker itself, is left out, and so is a zombie: it runs nothing.
-    """
-    if not os.path.exists("/proc/self/stat"):
-        return None
-    table = {int(e): f for e in os.listdir("/proc") if e.isdigit() and (f := _stat_fields(e))}
-    found = {pid: 0 for pid, f in table.items() if int(f[3]) in sessions and pid != int(f[3])}
-    stack = list(found)
-    while stack:
-        parent = stack.pop()
-        for pid, f in table.items():
-            if int(f[1]) == parent and pid not in found:
-                found[pid] = parent
-                stack.append(pid)
-    return {pid: parent for pid, parent in found.items() if table[pid][0] not in (b"Z", b"X")}
+# The pids of every executor's workers in this process, until each is reaped: never left behind.
+_WORKERS: set[int] = set()
 
 
-def _pidfd_exited(pidfd: int) -> bool:
-    """Whether the process a pidfd names has exited (its pidfd turns readable)."""
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux; no privilege needed)."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _left_behind(pid: int | str) -> bool:
+    """Whether process ``pid`` is a child of this process that exited workers left (module docstring)."""
+    fields = _stat_fields(pid)
+    return (
+        bool(fields)
+        and int(fields[1]) == os.getpid()
+        and int(fields[3]) != os.getsid(0)
+        and int(pid) not in _WORKERS
+    )
+
+
+def _reap(pids: list[int]) -> bool:
+    """Reap ``pids``, children of this process, in order as each exits (dropping it); whether all are."""
+    while pids:
+        with contextlib.suppress(ChildProcessError):  # reaped already
+            if not os.waitpid(pids[0], os.WNOHANG)[0]:
+                return False
+        del pids[0]
+    return True
 
 
 # The state of the frame a worker writes, once per task, as soon as it has forked the task's first
@@ -211,6 +228,7 @@ def _held_off() -> Iterator[None]:
         else:
             caught.append(signum)
 
+    record.caught = caught  # type: ignore[attr-defined]  # for _signal_held_off()
     try:
         for signum in saved:
             signal.signal(signum, record)
@@ -221,6 +239,11 @@ def _held_off() -> Iterator[None]:
             signal.signal(signum, handler)
         for caught_signal in replay:
             signal.raise_signal(caught_signal)  # the scheduler's handler runs at the next bytecode
+
+
+def _signal_held_off() -> bool:
+    """Whether the innermost ``_held_off()`` block has recorded a SIGTERM or SIGINT: a wait must end."""
+    return any(getattr(signal.getsignal(s), "caught", None) for s in (signal.SIGTERM, signal.SIGINT))
 
 
 def _worker_process() -> type[multiprocessing.Process]:
@@ -257,10 +280,11 @@ def _run_worker(
     output: Connection,
     inherited: Sequence[Connection],
 ):
-    # Invariant: every process this worker starts (task processes, and what they start) is in a session
-    # whose id is this worker's pid, so the executor can find and kill them all once this worker is dead,
-    # even those in process groups of their own. First thing: a worker killed before it had started nothing.
+    # Invariant: every process this worker starts is in this worker's session or one below it, never the
+    # scheduler's, and comes to this worker (or, once it is dead, to the executor) when orphaned. First
+    # thing: a worker killed before it had started nothing.
     os.setsid()
+    _adopt_orphans()
     # Ignore ctrl-c in this process -- we don't want to kill _this_ one. we let tasks run to completion
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A forked worker inherits the executor process's SIGTERM handler: the scheduler's returns without
@@ -290,6 +314,11 @@ def _run_worker(
     os.register_at_fork(after_in_parent=acknowledge_start)
 
     while True:
+        # Between workloads only: during one, task-sdk's supervisor (psutil) must be the task process's only
+        # reaper. What is reaped here is what tasks left and this worker adopted, once it has exited.
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
         setproctitle("airflow worker -- LocalExecutor: <idle>", log)
         try:
             workload = input.recv()
@@ -377,12 +406,15 @@ class LocalExecutor(BaseExecutor):
     _inputs: dict[int, Connection]
     _outputs: dict[int, Connection]
 
-    #: Seconds ``_kill_left_behind()`` waits for the processes of a dead worker to stop, and then to die.
+    #: Seconds ``_kill_left_behind()`` waits for what it killed to die, and for a scan that finds nothing.
     left_behind_timeout: float = 5.0
 
     #: How many times a task whose worker died before starting it is queued again before it is failed
     #: (a workload that kills every worker it reaches must not go round forever).
     max_redispatch: int = 3
+
+    #: Seconds an idle worker has to take a whole workload before it is killed (and the workload stays queued).
+    send_timeout: float = 10.0
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -396,6 +428,7 @@ class LocalExecutor(BaseExecutor):
         self._newest: dict[WorkloadKey, workloads.All] = {}
         self._unstarted: set[int] = set()  # busy workers whose task has not acknowledged its start
         self._redispatched: dict[WorkloadKey, int] = {}
+        self._results_poll = select.poll()  # every worker's results pipe: one poll() call reads them all
 
     def start(self) -> None:
         """Start the executor."""
@@ -404,6 +437,18 @@ class LocalExecutor(BaseExecutor):
         self._outputs = {}
         self._worker_tasks.clear()
         self._unstarted.clear()
+        _adopt_orphans()  # what dead workers left comes here to be killed, not to init
+        # Two descriptors per worker (the executor's pipe ends) beside those open now, and room for more:
+        # failing here names the limit, where a fork half way through would fail with EMFILE.
+        need = 2 * self.parallelism + len(os.listdir("/dev/fd")) + 64
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if need > hard != resource.RLIM_INFINITY:
+            raise RuntimeError(
+                f"LocalExecutor: parallelism {self.parallelism} needs about {need} open files, above the hard"
+                f" RLIMIT_NOFILE {hard}: raise it (systemd LimitNOFILE=, ulimit -n) or lower parallelism"
+            )
+        if need > soft != resource.RLIM_INFINITY:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
         if self.is_mp_using_fork:
             # This creates the maximum number of worker processes (parallelism) at once
@@ -452,6 +497,9 @@ class LocalExecutor(BaseExecutor):
             },
         )
         p.start()
+        # multiprocessing's sentinel and the pipe its child watches: two descriptors per worker the executor
+        # does not need (it decides a worker's death with waitid, never by sentinel, join(timeout) or wait()).
+        p._popen.finalizer()  # type: ignore[attr-defined]
         # The worker's ends belong to the worker alone: a copy kept here would keep its pipes open after
         # it died, so reading them would never see EOF and writing them never fail.
         input_r.close()
@@ -464,8 +512,10 @@ class LocalExecutor(BaseExecutor):
         # may still be killing what the worker left behind (_kill_left_behind()).
         multiprocessing.process._children.discard(p)  # type: ignore[attr-defined]
         self.workers[p.pid] = p
+        _WORKERS.add(p.pid)
         self._inputs[p.pid] = input_w
         self._outputs[p.pid] = output_r
+        self._results_poll.register(output_r, select.POLLIN)
         return p.pid
 
     def _spawn_workers_with_gc_freeze(self, spawn_number):
@@ -495,11 +545,16 @@ class LocalExecutor(BaseExecutor):
         # worker itself is gone.
         if dead := [pid for pid, proc in self.workers.items() if _exited(proc)]:
             self._reap_workers(dead)
+        # What a worker left and exited on its own is reaped here, or zombies pile up: one peek when none has.
+        with contextlib.suppress(ChildProcessError, AttributeError):  # no child at all; no waitid (macOS)
+            peek = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            while (child := os.waitid(os.P_ALL, 0, peek)) and _left_behind(child.si_pid):
+                os.waitpid(child.si_pid, 0)
 
     def event_waitables(self) -> list[Connection]:
         """Each worker's results pipe: readable once a frame is there for ``sync()`` to read."""
-        # Not a worker's exit: a task process it forked keeps its sentinel and its pipe open after it died.
-        # sync() finds a dead worker on the scheduler's next loop.
+        # Not a worker's exit: a task process it forked keeps its pipe open after it died. sync() finds a
+        # dead worker on the scheduler's next loop.
         return list(self._outputs.values())
 
     @_held_off()
@@ -512,6 +567,8 @@ class LocalExecutor(BaseExecutor):
                     break
                 except BrokenPipeError:  # it died before it got the workload: the next idle one takes it
                     self._reap_workers([pid])
+                    if _signal_held_off():  # the wait ended for a SIGTERM: handled once this block ends
+                        return
             else:
                 # Every worker is busy: keys hold more workers than slots (a key dispatched again while its
                 # earlier dispatch runs; connection tests, outside the slot count). What is left stays in
@@ -529,17 +586,19 @@ class LocalExecutor(BaseExecutor):
         """Write the whole workload to the worker's pipe, or kill the worker: a torn frame would be misread."""
         data = ForkingPickler.dumps(workload)  # a workload that cannot be pickled fails before any write
         frame = memoryview(struct.pack("!i", len(data)) + data)  # as the worker's recv() reads it
-        fd = self._inputs[pid].fileno()
+        fd, give_up = self._inputs[pid].fileno(), time.monotonic() + self.send_timeout
         try:
             # Only an idle worker is sent a workload, and it writes nothing until it has read all of it, so
             # this waits at most for that read. But a worker that died while a process it started holds its
-            # end would never read: a full pipe is waited on only while the worker lives.
+            # end would never read, and one stopped (a debugger, a cgroup freezer) reads nothing: a full
+            # pipe is waited on only while the worker lives, for send_timeout at most, and no longer once
+            # a SIGTERM is held off. A worker that has not taken its workload by then is treated as dead.
             while frame:
                 try:
                     frame = frame[os.write(fd, frame) :]
                 except BlockingIOError:
-                    if _exited(self.workers[pid]):
-                        raise BrokenPipeError(f"worker pid={pid} exited") from None
+                    if _exited(self.workers[pid]) or time.monotonic() > give_up or _signal_held_off():
+                        raise BrokenPipeError(f"worker pid={pid} exited or took no workload") from None
                     time.sleep(0.001)  # for the worker to read: a workload is rarely larger than the pipe
         except BaseException:
             self.workers[pid].kill()  # part of it may have gone: a torn frame would be read as the next one
@@ -548,7 +607,10 @@ class LocalExecutor(BaseExecutor):
     @_held_off()
     def _read_results(self, pids: Collection[int] | None = None) -> None:
         """Apply every result that has arrived (read without blocking)."""
-        for pid in list(self._outputs) if pids is None else pids:
+        if pids is None:  # one poll() of every worker's pipe, not a selector per pipe
+            ready = {fd for fd, _ in self._results_poll.poll(0)}
+            pids = [pid for pid, output in self._outputs.items() if output.fileno() in ready] if ready else ()
+        for pid in pids:
             # A frame is written whole or not at all (see _run_worker()): one that poll() sees has arrived.
             while (output := self._outputs[pid]).poll():
                 try:
@@ -563,7 +625,7 @@ class LocalExecutor(BaseExecutor):
         workload = self._worker_tasks[pid][1]
         if state == STARTED:
             self._unstarted.discard(pid)
-        elif state is None or state == "running":
+        elif state == "running":
             if workload is self._newest.get(key):
                 self.change_state(key, state, remove_running=False)
         else:
@@ -603,15 +665,17 @@ class LocalExecutor(BaseExecutor):
         for pid in pids:
             _exited(self.workers[pid], timeout=math.inf)
         # Before any key is failed or slot freed: the scheduler may run the key again at once.
-        self._kill_left_behind(pids)
+        self._kill_left_behind()
         for pid in pids:
             # The frames it finished before dying are in the pipe: apply them before deciding that the
             # workload it held never finished. What is left is a frame it died writing.
             self._read_results(pids=[pid])
-            self._outputs.pop(pid).close()
+            self._results_poll.unregister(output := self._outputs.pop(pid))
+            output.close()
             self._inputs.pop(pid).close()
             proc = self.workers.pop(pid)
             proc.join()
+            _WORKERS.discard(pid)
             if (exitcode := proc.exitcode) is not None:  # None: reaped elsewhere; close() would refuse
                 proc.close()
             if pid in self._worker_tasks:
@@ -622,7 +686,7 @@ class LocalExecutor(BaseExecutor):
         tries = self._redispatched.get(key, 0)
         if pid in self._unstarted and workload is self._newest.get(key) and tries < self.max_redispatch:
             # It never started (no STARTED frame came, and a worker writes one once it has forked the task
-            # process, which died with the worker's session): nothing of it runs, so it is queued again
+            # process, which was killed with what the worker left): nothing of it runs, so it is queued again
             # where the scheduler put it, and the task keeps its try. Its dispatch, no longer the newest,
             # ends below freeing only its worker and its slot.
             self.log.warning("Worker pid=%s died before it started %s; queueing it again", pid, key)
@@ -634,69 +698,27 @@ class LocalExecutor(BaseExecutor):
             self.log.error("Worker pid=%s died (exit code %s) holding %s; failing it", pid, exitcode, key)
         self._end_dispatch(pid, _failed_state(key), f"LocalExecutor worker pid={pid} died")
 
-    def _kill_left_behind(self, workers: Collection[int]) -> None:
-        """SIGKILL every process the exited ``workers`` started and left running; wait until they are dead."""
-        # Invariant: a worker's session id is its pid, and an exited worker keeps its pid until it is reaped,
-        # so while it is unreaped no process but those it started can be in its session (or process group).
-        # One reaped elsewhere (ECHILD) may have its pid reused: what it left cannot be told from others'.
-        sessions = {pid for pid in workers if _unreaped(self.workers[pid])}
-        # Without /proc or pidfd (Linux < 5.3) what they started cannot be found, or told from others'.
-        found = (_left_behind(sessions) if sessions and hasattr(os, "pidfd_open") else None) or {}
-        if not found:
-            return
-        held: dict[int, int] = {}  # pid -> pidfd of each process proven ours and sent SIGSTOP
-        spared: set[int] = set()  # processes the executor cannot, or may not, signal
+    def _kill_left_behind(self) -> None:
+        """SIGKILL and reap every process exited workers left (_left_behind()); return once none is left."""
+        # Invariant: only this process's own unreaped children are signalled, by pid, which names them until
+        # they are reaped here. A killed one's children come here in turn: each round goes one level deeper.
+        spared: set[int] = set()  # another user's (run_as_user): it may not be signalled from here
 
-        def stop_what_is_found() -> bool:
-            for pid, parent in list(found.items()):  # parents first
-                if pid in held or pid in spared:
-                    continue
+        def killed_all() -> bool:
+            found = [int(e) for e in os.listdir("/proc") if e.isdigit() and _left_behind(e)]
+            found = [pid for pid in found if pid not in spared]
+            for pid in found:
                 try:
-                    pidfd = os.pidfd_open(pid)
-                except OSError:  # gone, or no pidfd (Linux < 5.3): by pid alone it could be another's
+                    os.kill(pid, signal.SIGKILL)
+                except PermissionError as e:
+                    self.log.error("Cannot kill pid=%s, left by an exited worker: %s", pid, e)
                     spared.add(pid)
-                    continue
-                # The pidfd names, for good, the process that had ``pid`` when it was opened; until it is
-                # reaped /proc/pid shows it. It is ours if it is in a worker's session (nothing else can
-                # be while the worker is unreaped), or if its parent is ``parent``, one of ours that is
-                # still there afterwards (so it was when this one was named).
-                fields, up = _stat_fields(pid), held.get(parent)
-                if fields is not None and (
-                    int(fields[3]) in sessions
-                    if parent == 0
-                    else up is not None and int(fields[1]) == parent and not _pidfd_exited(up)
-                ):
-                    try:
-                        signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
-                        held[pid] = pidfd
-                        continue
-                    except OSError as e:  # gone, or another user's (run_as_user): its own supervisor's
-                        self.log.error("Cannot stop pid=%s, started by an exited worker: %s", pid, e)
-                        spared.add(pid)
-                os.close(pidfd)
-            stopped = all(
-                _pidfd_exited(fd) or (_stat_fields(pid) or [b"X"])[0] in b"TtZX" for pid, fd in held.items()
-            )
-            found.clear()
-            found.update(_left_behind(sessions) or {})
-            return stopped and found.keys() <= held.keys() | spared
+            killed = [pid for pid in found if pid not in spared]
+            _until(lambda: _reap(killed), self.left_behind_timeout)
+            return not found
 
-        # Stop everything, then kill: a killed process's children go to a reaper and can no longer be told
-        # from anyone else's, while a stopped one starts nothing more. A scan that finds nothing new once
-        # everything held has stopped leaves nothing of theirs to find.
-        try:
-            if not _until(stop_what_is_found, self.left_behind_timeout):
-                self.log.error(
-                    "Processes %s started by exited workers did not stop; killing them", sorted(held)
-                )
-            for pidfd in held.values():
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            if not _until(lambda: all(map(_pidfd_exited, held.values())), self.left_behind_timeout):
-                self.log.error("Processes %s started by exited workers outlived SIGKILL", sorted(held))
-        finally:
-            for pidfd in held.values():
-                os.close(pidfd)
+        if os.path.exists("/proc/self/stat") and not _until(killed_all, self.left_behind_timeout):
+            self.log.error("Processes left by exited workers outlived SIGKILL (uninterruptible sleep?)")
 
     def end(self) -> None:
         """End the executor."""
@@ -712,9 +734,7 @@ class LocalExecutor(BaseExecutor):
             # A worker cannot exit while it is blocked writing a result nobody reads: keep reading results
             # while waiting. A worker that is gone is reaped once what it started is dead.
             while self.workers:
-                multiprocessing.connection.wait(
-                    [*self._outputs.values(), *(p.sentinel for p in self.workers.values())], 0.1
-                )
+                self._results_poll.poll(100)
                 self.sync()
         except (KeyboardInterrupt, SystemExit):
             self.log.error("KeyboardInterrupt received during shutdown. Force terminating workers.")
@@ -726,12 +746,11 @@ class LocalExecutor(BaseExecutor):
         """Terminate all worker processes under control of the executor forcefully."""
         self.log.info("Terminating all LocalExecutor worker processes.")
         self._stop_workers(list(self.workers))
-        # Then what they started and left running; they are reaped only once that is dead (their pids
-        # are the session ids it is found by). Results are not read any more.
-        exited = [pid for pid, proc in self.workers.items() if _exited(proc)]
-        self._kill_left_behind(exited)
-        for pid in exited:
-            self.workers[pid].join(timeout=0)
+        # Then what they started and left running. Results are not read any more.
+        self._kill_left_behind()
+        for pid in [pid for pid, proc in self.workers.items() if _exited(proc)]:
+            self.workers[pid].join()
+            _WORKERS.discard(pid)
 
     def _stop_workers(self, pids: Collection[int]) -> None:
         """SIGTERM the workers, then SIGKILL those alive 0.2 s later; the executor reaps them afterwards."""
