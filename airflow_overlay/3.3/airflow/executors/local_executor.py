@@ -189,7 +189,9 @@ def _adopt_orphans() -> None:
 def _left_behind(pid: int | str) -> bool:
     """Whether process ``pid`` is a child of this process that exited workers left (module docstring)."""
     f = _stat_fields(pid)
-    return f is not None and int(f[1]) == os.getpid() and int(f[3]) != os.getsid(0) and int(pid) not in _WORKERS
+    return (
+        f is not None and int(f[1]) == os.getpid() and int(f[3]) != os.getsid(0) and int(pid) not in _WORKERS
+    )
 
 
 def _reap(pids: list[int]) -> bool:
