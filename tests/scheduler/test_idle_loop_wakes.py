@@ -77,8 +77,10 @@ class OneLoop(SchedulerJobRunner):
 
     def __init__(self, executors: list[BaseExecutor], idle_sleep: float) -> None:
         # BaseJobRunner.__init__ wants a Job with a database row: only what the loop reads is set.
-        self.job = mock.MagicMock()
-        self.executors = executors
+        # 3.1's loop reads its executors from the job, later lines' from the runner (no stand-in for either).
+        self.job = mock.MagicMock(executors=executors)
+        if "executors" in inspect.signature(SchedulerJobRunner.__init__).parameters:
+            self.executors = executors
         self.num_runs = 1
         self.only_idle = False
         self._scheduler_idle_sleep_time = idle_sleep

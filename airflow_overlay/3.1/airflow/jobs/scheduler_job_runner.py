@@ -1471,7 +1471,7 @@ class SchedulerJobRunner(BaseJobRunner, LoggingMixin):
                 # usage when "idle"
                 # An executor with news (a finished task: a free slot) ends the sleep at once.
                 idle_sleep = min(self._scheduler_idle_sleep_time, next_event or 0)
-                wait_for_executor_events(self.executors, idle_sleep)
+                wait_for_executor_events(self.job.executors, idle_sleep)
 
             if loop_count >= self.num_runs > 0:
                 self.log.info(

@@ -271,17 +271,20 @@ def _worker_process() -> type[multiprocessing.Process]:
 
 def _forks_task_process(workload: workloads.ExecuteTask) -> bool:
     """Whether task-sdk starts the task process with ``fork()``, which runs the at-fork hook; False if unsure."""
+    from airflow.sdk import __version__ as sdk_version
     from airflow.sdk.execution_time import supervisor
 
     try:
         from airflow.sdk.execution_time import coordinator
     except ImportError:  # before task-sdk 1.4: every task process is forked
         return True
-    # task-sdk 1.4 spawns on macOS and with [core] execute_tasks_new_python_interpreter. A private name that
-    # is gone means a task-sdk this was not written for: the task counts as started before it runs (a worker
-    # that dies costs the task a try), never as unstarted once it runs (it would run twice).
-    uses_exec = getattr(supervisor, "_task_process_uses_exec", None)
-    if uses_exec is None or uses_exec():
+    # task-sdk 1.4 spawns on macOS and with [core] execute_tasks_new_python_interpreter; 1.3 forks every
+    # Python task process. A private name gone from a later task-sdk means one this was not written for:
+    # the task counts as started before it runs (a worker that dies costs the task a try), never as
+    # unstarted once it runs (it would run twice).
+    if (uses_exec := getattr(supervisor, "_task_process_uses_exec", None)) is None:
+        uses_exec = lambda: not sdk_version.startswith("1.3.")
+    if uses_exec():
         return False
     # A task routed to another runtime's coordinator ([sdk] queue_to_coordinator: Java, ...) starts with
     # subprocess, which runs no at-fork hook either; only the Python one forks.
