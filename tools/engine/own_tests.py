@@ -58,11 +58,11 @@ from tools.engine.verify import (
     PASS,
     SKIP,
     TEST_DIRS,
+    applied_lines,
     parse_stage_range,
     run_stage,
 )
 from tools.shared import pins
-from tools.shared.errors import ToolError
 from tools.shared.layout import Layout
 
 # Origins whose patch is upstream's own merged commit (DEP-3: "backport, <url>", "upstream, <url>").
@@ -305,13 +305,7 @@ def run_own_tests(
     out: Any = sys.stdout,
 ) -> int:
     layout = engine.layout
-    results = engine.apply_all(lines)
-    failed = [p for r in results.values() for p in r.patches if p.status == engine_mod.FAILED]
-    if failed:
-        raise ToolError(f"{failed[0].detail}\n{failed[0].hint}")
-    drift = [d for d in engine.drift(results) if any(f"{t}/" in d for t in TEST_DIRS)]
-    if drift and not allow_drift:
-        raise ToolError(f"{drift[0]}; run `nox -s apply -- --write` first (or pass --allow-drift)")
+    results, drift = applied_lines(engine, lines, allow_drift)
     series = engine.series
     first = first_own_stage([p.field("Origin") if p else None for p in map(series.patches.get, series.names)])
     stages = plan({name: res.final for name, res in results.items()}, first, stage_range)

@@ -427,6 +427,20 @@ def _verify_line(
     return ev, stages
 
 
+def applied_lines(
+    engine: engine_mod.Engine, lines: Sequence[str] | None, allow_drift: bool
+) -> tuple[dict[str, engine_mod.LineResult], list[str]]:
+    """Every line's stages and the test files' drift, refused when a patch fails or (unless allowed) drift."""
+    results = engine.apply_all(lines)
+    failed = [p for r in results.values() for p in r.patches if p.status == engine_mod.FAILED]
+    if failed:
+        raise ToolError(f"{failed[0].detail}\n{failed[0].hint}")
+    drift = [d for d in engine.drift(results) if any(f"{t}/" in d for t in TEST_DIRS)]
+    if drift and not allow_drift:
+        raise ToolError(f"{drift[0]}; run `nox -s apply -- --write` first (or pass --allow-drift)")
+    return results, drift
+
+
 def run_verify(
     engine: engine_mod.Engine,
     lines: Sequence[Line | str] | None = None,
@@ -442,13 +456,7 @@ def run_verify(
     if not marked:
         print("verify: tests/executor has no test marked fixed_by yet: nothing to verify", file=out)
         return 0
-    results = engine.apply_all(lines)
-    failed = [p for r in results.values() for p in r.patches if p.status == engine_mod.FAILED]
-    if failed:
-        raise ToolError(f"{failed[0].detail}\n{failed[0].hint}")
-    drift = [d for d in engine.drift(results) if any(f"{t}/" in d for t in TEST_DIRS)]
-    if drift and not allow_drift:
-        raise ToolError(f"{drift[0]}; run `nox -s apply -- --write` first (or pass --allow-drift)")
+    results, _ = applied_lines(engine, lines, allow_drift)
     series = engine.series.names
     for res in results.values():
         venvs.ensure(res.line, layout)  # sequentially: uv shares its cache between them
