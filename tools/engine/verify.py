@@ -428,7 +428,7 @@ def _verify_line(
 
 
 def applied_lines(
-    engine: engine_mod.Engine, lines: Sequence[str] | None, allow_drift: bool
+    engine: engine_mod.Engine, lines: Sequence[pins.Line | str] | None, allow_drift: bool
 ) -> tuple[dict[str, engine_mod.LineResult], list[str]]:
     """Every line's stages and the test files' drift, refused when a patch fails or (unless allowed) drift."""
     results = engine.apply_all(lines)
