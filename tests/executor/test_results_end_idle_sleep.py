@@ -16,11 +16,12 @@
 # specific language governing permissions and limitations
 # under the License.
 """
-A result ends the scheduler's idle sleep; an executor with nothing to say lets it sleep.
+A task's end ends the scheduler's idle sleep; its start, or an executor with nothing to say, does not.
 
 With a slot held per dispatch, a task's end frees its slot only for the scheduler's next loop. After
 an idle loop the scheduler sleeps up to ``scheduler_idle_sleep_time``: the slot waits out that sleep
-unless the executor's results end it.
+unless the executor's results end it. A task's start acknowledgement and running state free no slot:
+a loop for each would only cost the scheduler (and its database) more loops.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ WAKE_PATCH = "0012-wake-the-idle-scheduler-when-an-executor-has-news.patch"
 IDLE_SLEEP = 2.0
 WOKEN_WITHIN = 1.0
 QUIET_SLEEP = 0.5
+# A task that runs through one whole idle sleep: its start and running state arrive within it.
+THROUGH_START = 1.0
+RUNS_FOR = 1.5
 
 
 def _idle_sleep(executor, timeout: float) -> None:
@@ -85,3 +89,31 @@ def test_a_result_ends_the_schedulers_idle_sleep(start_method):
     outcome = run_scenario(woken_by_a_result, start_method=start_method, deadline=120, stuck_after=5.0)
     took = outcome.pop("took")
     assert outcome == {"quick": "success", "woken": True, "slept_when_quiet": True}, f"took {took} s"
+
+
+def slept_through_a_start() -> dict:
+    executor = new_executor(1)
+    warm = make_workload("warm")
+    dispatch(executor, [warm])
+    wait_for_states(executor, [key_of(warm)], timeout=60)
+    slow = make_workload("slow", fake={"sleep": RUNS_FOR})
+    dispatch(executor, [slow])
+    began = time.monotonic()
+    _idle_sleep(executor, THROUGH_START)  # the worker's running state and start acknowledgement come now
+    through_start = time.monotonic() - began
+    # Its end comes about RUNS_FOR - THROUGH_START in: only that may end this sleep before its time.
+    _idle_sleep(executor, 8 * IDLE_SLEEP)
+    to_end = time.monotonic() - began - through_start
+    executor.sync()
+    executor.end()
+    return {
+        "slow": str(executor.event_buffer.get(key_of(slow), ("missing",))[0]),
+        "slept_through_start": through_start >= THROUGH_START,
+        "woken_by_end": to_end < 8 * IDLE_SLEEP,
+    }
+
+
+@pytest.mark.fixed_by(WAKE_PATCH)
+def test_only_a_tasks_end_ends_the_schedulers_idle_sleep(start_method):
+    outcome = run_scenario(slept_through_a_start, start_method=start_method, deadline=120, stuck_after=5.0)
+    assert outcome == {"slow": "success", "slept_through_start": True, "woken_by_end": True}

@@ -123,16 +123,22 @@ class ExecutorConf:
 
 def wait_for_executor_events(executors: Iterable[BaseExecutor], timeout: float) -> None:
     """
-    Sleep up to ``timeout`` seconds, or until any of ``executors`` has something for its ``sync()``.
+    Sleep up to ``timeout`` seconds, or until any of ``executors`` has something for the scheduler.
 
-    The waitables of every executor are waited on together, so news from any one of them ends the
-    wait at once. Without any (no executor can say when it has news), this sleeps the whole time.
+    The waitables of every executor are waited on together. When some are readable, their executors
+    gather what arrived and say whether the scheduler should loop now (a freed slot); what they do not
+    need the scheduler for lets the sleep go on. Without any waitable (no executor can say when it has
+    news), this sleeps the whole time.
     """
-    waitables = [waitable for executor in executors for waitable in executor.event_waitables()]
-    if waitables:
-        multiprocessing.connection.wait(waitables, timeout=max(timeout, 0))
-    else:
+    owners = {waitable: executor for executor in executors for waitable in executor.event_waitables()}
+    deadline = time.monotonic() + max(timeout, 0)
+    if not owners:
         time.sleep(max(timeout, 0))
+        return
+    while (left := deadline - time.monotonic()) > 0:
+        ready = multiprocessing.connection.wait(list(owners), timeout=left)
+        if any(executor.gather_events() for executor in dict.fromkeys(owners[w] for w in ready)):
+            return
 
 
 class BaseExecutor(LoggingMixin):
@@ -262,14 +268,22 @@ class BaseExecutor(LoggingMixin):
         Return what becomes readable when this executor has something for ``sync()`` to gather.
 
         Anything :func:`multiprocessing.connection.wait` accepts: connections, sockets, file descriptors.
-        The scheduler's idle sleep ends as soon as one is readable, so a finished workload frees its slot
-        for the scheduler's next loop at once instead of after ``scheduler_idle_sleep_time``. Each must
-        stop being readable once ``sync()`` has run, or the scheduler would never sleep. By default none:
-        the scheduler sleeps the whole time.
+        The scheduler's idle sleep ends as soon as one is readable and ``gather_events()`` says so, so a
+        finished workload frees its slot for the scheduler's next loop at once instead of after
+        ``scheduler_idle_sleep_time``. By default none: the scheduler sleeps the whole time.
         """
         return ()
 
-    @add_debug_span
+    def gather_events(self) -> bool:
+        """
+        Gather what made ``event_waitables()`` readable, without blocking; True ends the idle sleep.
+
+        Called by the scheduler's idle sleep in the scheduler's thread, as ``sync()`` is. An executor that
+        answers False must have consumed what made its waitables readable, or the sleep would spin. By
+        default True: any news ends the sleep.
+        """
+        return True
+
     def heartbeat(self) -> None:
         """Heartbeat sent to trigger new jobs."""
         open_slots = self.parallelism - len(self.running)

@@ -575,10 +575,19 @@ class LocalExecutor(BaseExecutor):
                 os.waitpid(child.si_pid, 0)
 
     def event_waitables(self) -> list[Connection]:
-        """Each worker's results pipe: readable once a frame is there for ``sync()`` to read."""
+        """Each worker's results pipe: readable once a frame is there to read."""
         # Not a worker's exit: a task process it forked keeps its pipe open after it died. sync() finds a
         # dead worker on the scheduler's next loop.
         return list(self._outputs.values())
+
+    def gather_events(self) -> bool:
+        """Read the results that arrived; True if a worker is free again (a slot for the scheduler)."""
+        # A start acknowledgement or a running state is read and left for the next loop: only an end
+        # gives the scheduler something to do at once. A pipe still readable once all is read is at EOF
+        # (its worker died, for sync() to reap), or the idle sleep would spin on it.
+        busy = len(self._worker_tasks)
+        self._read_results()
+        return len(self._worker_tasks) < busy or bool(self._results_poll.poll(0))
 
     @_held_off()
     def _process_workloads(self, workload_list):
