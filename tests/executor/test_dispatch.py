@@ -165,6 +165,62 @@ def test_dispatch_keeps_the_workload_when_every_worker_is_busy():
 
 
 @pytest.mark.fixed_by(OWN_QUEUE_PATCH)
+def test_every_worker_busy_is_warned_once_until_a_heartbeat_places_all_it_got():
+    from airflow.utils.state import TaskInstanceState
+
+    first = make_workload("first")
+    executor = _executor(2, busy={1: first, 2: make_workload("second")})
+    executor._log = mock.Mock()
+    waiting = _queue(executor, "a")
+    for _ in range(3):  # three heartbeats, every worker busy
+        executor._process_workloads([waiting])
+    assert executor.log.warning.call_count == 1
+
+    executor._handle_result(1, key_of(first), TaskInstanceState.SUCCESS, None)
+    executor._process_workloads([waiting])  # placed: the next time every worker is busy is news
+    executor._process_workloads([_queue(executor, "b")])
+    assert executor.log.warning.call_count == 2
+
+
+def frames_of_a_wide_key(record: str) -> dict:
+    import multiprocessing.connection
+    import select
+
+    from airflow.utils.state import TaskInstanceState
+
+    me, send = os.getpid(), multiprocessing.connection.Connection._send
+
+    def sending(self, buf, *args):  # in a forked worker: every write of a frame to the results pipe
+        if os.getpid() != me and len(buf) > select.PIPE_BUF:
+            with open(record, "a") as out:
+                out.write(f"{len(buf)}\n")
+        return send(self, buf, *args)
+
+    multiprocessing.connection.Connection._send = sending  # type: ignore[method-assign]
+    executor = new_executor(1)
+    # Names of 250 characters in 4-byte UTF-8, as KEY_REGEX allows, and an error of 2,000 characters.
+    workload = make_workload("\U0001f600" * 250, fake={"fail_bytes": 2000})
+    workload.ti.dag_id = workload.ti.run_id = "\U0001f600" * 250
+    dispatch(executor, [workload])
+    wait_for_states(executor, [key_of(workload)], timeout=60)
+    state, _ = executor.event_buffer[key_of(workload)]
+    executor.end()
+    with open(record) as out:
+        oversized = [int(size) for size in out.read().split()]
+    return {"failed": state == TaskInstanceState.FAILED, "oversized": oversized}
+
+
+def test_a_result_frame_of_the_widest_key_fits_in_one_atomic_write(tmp_path):
+    # The invariant no torn frame rests on: over PIPE_BUF a write is not atomic, a worker killed within it
+    # would leave a torn frame, and the executor's read after poll() would wait for the rest. (On 3.4 the
+    # key is the task instance's uuid: this holds there with room to spare.)
+    record = tmp_path / "oversized"
+    record.touch()
+    outcome = run_scenario(frames_of_a_wide_key, start_method="fork", deadline=120, record=str(record))
+    assert outcome == {"failed": True, "oversized": []}, outcome
+
+
+@pytest.mark.fixed_by(OWN_QUEUE_PATCH)
 def test_a_result_is_matched_to_the_key_its_workload_had_when_sent():
     # The scheduler may change the task instance a workload was made from once it is sent (a new try, a
     # new uuid): the worker reports the key it was sent, and the executor must match that one.

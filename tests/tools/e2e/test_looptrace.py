@@ -10,6 +10,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ FAKE_AIRFLOW = {
     "airflow/__init__.py": "",
     "airflow/jobs/__init__.py": "",
     "airflow/jobs/scheduler_job_runner.py": """
+        import time
+
         class SchedulerJobRunner:
             n = 0
 
@@ -52,6 +55,8 @@ for n in (0, 3):
     runner.n = n
     assert runner._do_scheduling() == n
     executor.heartbeat()
+    module.time.sleep(0.01)  # the loop's idle sleep, as the scheduler calls it
+assert module.time.monotonic() > 0  # the rest of the module's time is time's
 pid = os.fork()
 if pid == 0:
     runner._do_scheduling()
@@ -84,8 +89,8 @@ def test_hook_records_each_loop_and_heartbeat_of_the_scheduler_only(tmp_path, fa
     trace = tmp_path / "trace.txt"
     _drive(tmp_path, fake_airflow, "scheduler", trace)
     lines = trace.read_text().splitlines()
-    # The forked child's calls are not recorded: two loops and two heartbeats, from the parent.
-    assert [ln.split()[0] for ln in lines] == ["S", "H", "S", "H"]
+    # The forked child's calls are not recorded: the clock, then two loops, heartbeats and idle sleeps.
+    assert [ln.split()[0] for ln in lines] == ["O", "S", "H", "W", "S", "H", "W"]
     assert [ln.split()[-1] for ln in lines if ln.startswith("S")] == ["0", "3"]
     got = looptrace.summarise(trace, 0.0, math.inf)
     assert got is not None
@@ -94,6 +99,22 @@ def test_hook_records_each_loop_and_heartbeat_of_the_scheduler_only(tmp_path, fa
     assert 0.05 <= got.heartbeat_max_s <= got.heartbeat_s
     # A sleeping heartbeat uses next to no CPU: wall time there is time the scheduler was held up.
     assert got.heartbeat_cpu_s < got.heartbeat_s / 2
+    # On the database's clock: the calls happened within the last minute.
+    states = looptrace.scheduler_states(trace)
+    assert [len(states[kind]) for kind in "SHW"] == [2, 2, 2]
+    assert all(time.time() - 60 < start <= end <= time.time() for start, end in states["W"])
+
+
+def test_scheduler_states_need_the_clock_line(tmp_path):
+    trace = tmp_path / "trace.txt"
+    trace.write_text("S 10.0 10.5 2.0 2.2 4\n")
+    assert looptrace.scheduler_states(trace) == {}
+    trace.write_text("O 1000.0\nW 12.0 13.0 2.5 2.5\nS 10.0 10.5 2.0 2.2 4\nH 10.5 11.0 2.2 2.3\n")
+    assert looptrace.scheduler_states(trace) == {
+        "S": [(1010.0, 1010.5)],
+        "H": [(1010.5, 1011.0)],
+        "W": [(1012.0, 1013.0)],
+    }
 
 
 def test_hook_is_inert_in_other_processes_and_without_a_trace_file(tmp_path, fake_airflow):

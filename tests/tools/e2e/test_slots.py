@@ -103,3 +103,28 @@ def test_a_task_failed_before_it_started_is_left_out_of_the_peak() -> None:
     assert (fig.in_flight_max, fig.in_flight_max_all, fig.failed_unstarted) == (1, 2, 1)
     assert not fig.over_parallelism
     assert "1 failed unstarted, max 2 with them" in fig.text()
+
+
+def test_the_refill_gap_is_split_by_what_the_scheduler_was_doing() -> None:
+    # The gap 3 -> 4 s: the scheduler sleeps 2.5 -> 3.4, schedules 3.4 -> 3.9 (and 5 -> 5.5, outside it),
+    # heartbeats 3.9 -> 3.95; the last 0.05 s is elsewhere in its loop.
+    epoch = T0.timestamp()
+    states = {
+        "W": [(epoch + 2.5, epoch + 3.4)],
+        "S": [(epoch + 3.4, epoch + 3.9), (epoch + 5, epoch + 5.5)],
+        "H": [(epoch + 3.9, epoch + 3.95)],
+    }
+    fig = slots.figures([_ti(0, 1, 3), _ti(4, 4.5, 6)], parallelism=1, scheduler=states)
+    assert fig is not None
+    assert fig.gap_sleeping == pytest.approx(0.4 / 6)
+    assert fig.gap_scheduling == pytest.approx(0.5 / 6)
+    assert fig.gap_heartbeat == pytest.approx(0.05 / 6)
+    assert fig.gap_elsewhere == pytest.approx(0.05 / 6)
+    assert "sleeps 0.1" in fig.text()
+    assert "0.1, 0.0, 0.1, 0.0" in slots.compare([("full", [fig])], "t")
+
+
+def test_without_a_loop_trace_the_gap_is_not_split() -> None:
+    fig = slots.figures([_ti(0, 1, 3), _ti(4, 4.5, 6)], parallelism=1)
+    assert fig is not None and fig.gap_elsewhere is None
+    assert "(no loop trace)" in slots.compare([("0", [fig])], "t")

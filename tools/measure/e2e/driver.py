@@ -1429,7 +1429,8 @@ class ScenarioRunner:
             run.extra["throughput"] = fig.as_json()
             run.extra["throughput_summary"] = fig.text()
             run.event(f"throughput: {fig.text()}")
-            if slot_fig := slots.figures(throughput_tis, self.opts.parallelism):
+            states = looptrace.scheduler_states(trace) if trace is not None else None
+            if slot_fig := slots.figures(throughput_tis, self.opts.parallelism, states):
                 run.extra["slots"] = slot_fig.as_json()
                 run.event(slot_fig.text())
             if len(cpu_marks) == 2:

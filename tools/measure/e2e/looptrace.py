@@ -101,6 +101,23 @@ def summarise(path: Path, start: float, end: float) -> LoopTrace | None:
     )
 
 
+def scheduler_states(path: Path) -> dict[str, list[tuple[float, float]]]:
+    """
+    The scheduler's traced calls by kind (``S`` scheduling, ``H`` heartbeat, ``W`` idle sleep), each a
+    sorted list of (start, end) on the wall clock (seconds since the epoch, as the database's times);
+    empty for a trace without its clock line (one written before the hook had it).
+    """
+    states: dict[str, list[tuple[float, float]]] = {"S": [], "H": [], "W": []}
+    offset = None
+    for line in path.read_text().splitlines() if path.exists() else ():
+        parts = line.split()
+        if parts[:1] == ["O"] and len(parts) == 2:
+            offset = float(parts[1])
+        elif len(parts) >= 5 and parts[0] in states and offset is not None:
+            states[parts[0]].append((float(parts[1]) + offset, float(parts[2]) + offset))
+    return {kind: sorted(spans) for kind, spans in states.items()} if offset is not None else {}
+
+
 def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

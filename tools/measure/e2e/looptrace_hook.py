@@ -6,8 +6,11 @@ Copied into the venv's site-packages as ``lepatch_looptrace`` by ``tools.measure
 modules are imported, it wraps ``SchedulerJobRunner._do_scheduling`` (once per scheduler loop) and
 ``BaseExecutor.heartbeat`` (the executor's turn in the loop) to append one line per call to that file:
 
-``S <start> <end> <cpu start> <cpu end> <task instances queued>`` (a loop) and
-``H <start> <end> <cpu start> <cpu end>`` (a heartbeat).
+``S <start> <end> <cpu start> <cpu end> <task instances queued>`` (a loop),
+``H <start> <end> <cpu start> <cpu end>`` (a heartbeat) and
+``W <start> <end> <cpu start> <cpu end>`` (the loop's idle sleep: ``time.sleep`` in the scheduler's
+module, or ``wait_for_executor_events`` where the series has it), after one
+``O <wall clock - monotonic>`` line that puts them on the database's clock.
 
 Times are ``time.monotonic()`` (one clock for every process on the machine, so the driver can cut the
 records at its trigger), CPU is the calling thread's.
@@ -68,6 +71,23 @@ class _Loader(importlib.abc.Loader):
         cls_name, meth, kind = TARGETS[self.name]
         cls = getattr(module, cls_name)
         setattr(cls, meth, _timed(getattr(cls, meth), kind, self.fd, self.pid))
+        if kind != "S":
+            return
+        if hasattr(module, "wait_for_executor_events"):
+            module.wait_for_executor_events = _timed(module.wait_for_executor_events, "W", self.fd, self.pid)
+        elif isinstance(getattr(module, "time", None), ModuleType):
+            module.time = _SleepTimed(module.time, _timed(module.time.sleep, "W", self.fd, self.pid))
+
+
+class _SleepTimed:
+    """The scheduler module's ``time``, with its ``sleep`` (the loop's idle sleep) timed."""
+
+    def __init__(self, inner: ModuleType, sleep: Callable[[float], None]) -> None:
+        self._inner = inner
+        self.sleep = sleep
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -94,5 +114,6 @@ def install(argv: list[str] | None = None, environ: dict[str, str] | None = None
     if not path or argv[1:2] != ["scheduler"]:
         return False
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    os.write(fd, f"O {time.time() - time.monotonic():.6f}\n".encode())
     sys.meta_path.insert(0, _Finder(fd))
     return True

@@ -18,6 +18,10 @@ refill gap
 idle
     free slots with nothing waiting (the run's head and tail).
 
+With the scheduler's loop trace (``looptrace.py``), the refill gap is split by what the scheduler was
+doing meanwhile: scheduling (``_do_scheduling``: queueing task instances), heartbeating its executor,
+sleeping (the loop's idle sleep), or elsewhere in its loop (events, timers, between the traced steps).
+
 The four add up to ``parallelism`` at every instant while nothing exceeds it; each is averaged over
 the window. ``in flight max`` is the most task instances between queued and end at any instant:
 with a slot held per dispatch (the series) it never exceeds ``parallelism``, since the database
@@ -35,6 +39,7 @@ with it is shown beside it (``in_flight_max_all``).
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -57,6 +62,10 @@ class SlotFigures:
     # The peak with the task instances that failed before they started (see the module's docstring).
     in_flight_max_all: int = 0
     failed_unstarted: int = 0
+    # The refill gap while the scheduler was scheduling, heartbeating, sleeping (None: no loop trace).
+    gap_scheduling: float | None = None
+    gap_heartbeat: float | None = None
+    gap_sleeping: float | None = None
 
     @property
     def over_parallelism(self) -> bool:
@@ -77,11 +86,40 @@ class SlotFigures:
                 if self.failed_unstarted
                 else ""
             )
+            + (
+                f"; the gap while the scheduler schedules {self.gap_scheduling:.1f}, heartbeats "
+                f"{self.gap_heartbeat:.1f}, sleeps {self.gap_sleeping:.1f}, is elsewhere in its loop "
+                f"{self.gap_elsewhere:.1f}"
+                if self.gap_elsewhere is not None
+                else ""
+            )
         )
 
+    @property
+    def gap_elsewhere(self) -> float | None:
+        parts = (self.gap_scheduling, self.gap_heartbeat, self.gap_sleeping)
+        return None if None in parts else max(self.refill_gap - sum(p or 0.0 for p in parts), 0.0)
 
-def figures(tis: Iterable[dict[str, Any]], parallelism: int) -> SlotFigures | None:
-    """The slot split of one run; None without a task instance that was queued."""
+
+def _overlap(spans: Sequence[tuple[float, float]], a: float, b: float) -> float:
+    """Seconds of [a, b) inside ``spans`` (sorted, disjoint: one thread's calls)."""
+    i, total = max(bisect.bisect_right(spans, (a, float("inf"))) - 1, 0), 0.0
+    while i < len(spans) and spans[i][0] < b:
+        total += max(min(spans[i][1], b) - max(spans[i][0], a), 0.0)
+        i += 1
+    return total
+
+
+def figures(
+    tis: Iterable[dict[str, Any]],
+    parallelism: int,
+    scheduler: dict[str, list[tuple[float, float]]] | None = None,
+) -> SlotFigures | None:
+    """The slot split of one run; None without a task instance that was queued.
+
+    ``scheduler``: ``looptrace.scheduler_states()`` of the run, to split the refill gap by what the
+    scheduler was doing.
+    """
     # Per task instance: when it became ready (scheduled_when, else the window's start), queued,
     # started, ended; a step it never reached lasts to the window's end.
     rows: list[tuple[datetime | None, datetime, datetime | None, datetime | None]] = []
@@ -119,7 +157,17 @@ def figures(tis: Iterable[dict[str, Any]], parallelism: int) -> SlotFigures | No
             (ended, 0, 0, -1, -u),
         ]
     changes.sort()
-    totals = {"idle": 0.0, "handed": 0.0, "running": 0.0, "gap": 0.0, "flight": 0.0}
+    totals = {
+        "idle": 0.0,
+        "handed": 0.0,
+        "running": 0.0,
+        "gap": 0.0,
+        "flight": 0.0,
+        "S": 0.0,
+        "H": 0.0,
+        "W": 0.0,
+    }
+    epoch0 = t0.timestamp()
     waiting = handed = running = uncertain = 0
     peak = peak_all = 0
     prev = 0.0
@@ -134,6 +182,8 @@ def figures(tis: Iterable[dict[str, Any]], parallelism: int) -> SlotFigures | No
             totals["handed"] += handed * span
             totals["running"] += running * span
             totals["gap"] += gap * span
+            for kind, spans in (scheduler or {}).items() if gap else ():
+                totals[kind] += gap * _overlap(spans, epoch0 + prev, epoch0 + t)
             totals["idle"] += (free - gap) * span
             totals["flight"] += flight * span
         # Apply every change at this instant before reading the peak: an end and a queueing at the
@@ -157,7 +207,11 @@ def figures(tis: Iterable[dict[str, Any]], parallelism: int) -> SlotFigures | No
         in_flight_max=peak,
         in_flight_max_all=peak_all,
         failed_unstarted=len(unstarted_failed),
+        **({f"gap_{name}": totals[kind] * scale for kind, name in GAP_STATES.items()} if scheduler else {}),
     )
+
+
+GAP_STATES = {"S": "scheduling", "H": "heartbeat", "W": "sleeping"}
 
 
 def median_of(figs: Sequence[SlotFigures]) -> SlotFigures:
@@ -171,6 +225,11 @@ def median_of(figs: Sequence[SlotFigures]) -> SlotFigures:
             k: statistics.median(getattr(f, k) for f in figs)
             for k in ("window_s", "idle", "handed_over", "running", "refill_gap", "in_flight_mean")
         },
+        **{
+            f"gap_{name}": statistics.median(split)
+            for name in GAP_STATES.values()
+            if None not in (split := [getattr(f, f"gap_{name}") for f in figs])
+        },
     )
 
 
@@ -178,7 +237,7 @@ def compare(rows: Sequence[tuple[str, Sequence[SlotFigures]]], title: str) -> st
     """One row per stage: its rounds' median slot split, and the highest in-flight peak of any round."""
     head = (
         f"{'executor':<14}{'rounds':>7}{'running':>9}{'handed':>8}{'gap':>7}{'idle':>7}"
-        f"{'flight':>8}{'max':>5}{'of':>5}"
+        f"{'flight':>8}{'max':>5}{'of':>5}  gap while the scheduler: schedules, heartbeats, sleeps, other"
     )
     out = [title, head]
     for label, figs in rows:
@@ -189,6 +248,12 @@ def compare(rows: Sequence[tuple[str, Sequence[SlotFigures]]], title: str) -> st
         out.append(
             f"{label:<14}{len(figs):>7}{m.running:>9.1f}{m.handed_over:>8.1f}{m.refill_gap:>7.1f}"
             f"{m.idle:>7.1f}{m.in_flight_mean:>8.1f}{m.in_flight_max:>5}{m.parallelism:>5}"
+            + (
+                f"  {m.gap_scheduling:.1f}, {m.gap_heartbeat:.1f}, {m.gap_sleeping:.1f}, "
+                f"{m.gap_elsewhere:.1f}"
+                if m.gap_elsewhere is not None
+                else "  (no loop trace)"
+            )
             + ("  in flight ABOVE parallelism" if m.over_parallelism else "")
         )
     return "\n".join(out)

@@ -301,12 +301,25 @@ def _summary(error: BaseException) -> str:
     What a worker reports of a failure: the error's repr, escaped to ASCII and cut short.
 
     Not the exception: one holding a lock or a client does not pickle, and one that pickles may not
-    unpickle. Invariant: a result frame is smaller than PIPE_BUF (4096 bytes on Linux; a key is at
-    most about a kilobyte pickled), so the worker's one write of it is atomic: a worker killed at any
-    instant has written whole frames only, and the executor, which reads only after poll(), never
-    waits for the rest of one.
+    unpickle.
     """
     return ascii(error)[:1024]
+
+
+def _send_result(output: Connection, key: WorkloadKey | None, state, info: str | None = None) -> None:
+    """
+    Write one result frame in one write() of at most PIPE_BUF bytes, which the kernel makes atomic.
+
+    Invariant: a worker killed at any instant has written whole frames only, and the executor, which
+    reads only after poll(), never waits for the rest of one. A key of 250-character names in 4-byte
+    UTF-8 (which ``KEY_REGEX`` allows) leaves less room: the summary gives way first, then the key,
+    which the executor knows from the worker that sent the frame.
+    """
+    short = info and info[:256]
+    for frame in (key, state, info), (key, state, short), (None, state, short):
+        if len(data := ForkingPickler.dumps(frame)) + 4 <= select.PIPE_BUF:  # 4: the length header
+            break
+    output.send_bytes(data)
 
 
 def _run_worker(
@@ -345,7 +358,7 @@ def _run_worker(
         # frame of its own into this worker's results pipe, where it could land inside one of the worker's.
         if os.getpid() == me and (key := unacknowledged[0]) is not None:
             unacknowledged[0] = None
-            output.send((key, STARTED, None))
+            _send_result(output, key, STARTED, None)
 
     os.register_at_fork(after_in_parent=acknowledge_start)
 
@@ -371,7 +384,7 @@ def _run_worker(
             return
 
         if workload.running_state is not None:
-            output.send((LocalExecutor.get_workload_key(workload), workload.running_state, None))
+            _send_result(output, LocalExecutor.get_workload_key(workload), workload.running_state, None)
         # Set for every workload: a task whose process never forked must not leave its key to the next one.
         unacknowledged[0] = (
             LocalExecutor.get_workload_key(workload) if isinstance(workload, workloads.ExecuteTask) else None
@@ -388,10 +401,12 @@ def _run_worker(
                 proctitle=f"{_get_executor_process_title_prefix(team_conf.team_name)} {workload.display_name}",
                 subprocess_logs_to_stdout=True,
             )
-            output.send((LocalExecutor.get_workload_key(workload), workload.success_state, None))
+            _send_result(output, LocalExecutor.get_workload_key(workload), workload.success_state, None)
         except Exception as e:
             log.exception("Workload execution failed.", workload_type=type(workload).__name__)
-            output.send((LocalExecutor.get_workload_key(workload), workload.failure_state, _summary(e)))
+            _send_result(
+                output, LocalExecutor.get_workload_key(workload), workload.failure_state, _summary(e)
+            )
 
 
 class LocalExecutor(BaseExecutor):
@@ -437,6 +452,7 @@ class LocalExecutor(BaseExecutor):
         # not in here is idle. A key stays in ``running`` while any worker holds it. The key is the one it
         # had when sent: the scheduler may change the task instance it was made from afterwards.
         self._worker_tasks: dict[int, tuple[WorkloadKey, ExecutorWorkload]] = {}
+        self._all_busy = False  # every worker was busy for the last workload given: warned once
         # A dispatch is the workload object the scheduler handed over (each queueing makes a new one), and
         # only the end of the key's newest one is reported: an earlier dispatch's end (or death) is logged
         # and frees its worker, and a key the scheduler ended has no newest one.
@@ -607,7 +623,11 @@ class LocalExecutor(BaseExecutor):
                 # Every worker is busy: keys hold more workers than slots (a key dispatched again while its
                 # earlier dispatch runs; connection tests, outside the slot count). What is left stays in
                 # BaseExecutor's queues, in priority order, for the next heartbeat.
-                self.log.warning("Every one of %d workers is busy; workloads wait for one", len(self.workers))
+                if not self._all_busy:  # once, not every heartbeat, until a heartbeat places all it got
+                    self.log.warning(
+                        "Every one of %d workers is busy; workloads wait for one", len(self.workers)
+                    )
+                self._all_busy = True
                 return
             key = self.get_workload_key(workload)
             del self.executor_queues[workload.type][key]  # KeyError if it is not queued, as before
@@ -616,6 +636,7 @@ class LocalExecutor(BaseExecutor):
             self._worker_tasks[pid] = key, workload
             if isinstance(workload, workloads.ExecuteTask):
                 self._unstarted.add(pid)
+        self._all_busy = False
 
     def _send_workload(self, pid: int, workload: ExecutorWorkload | None) -> None:
         """Write the whole workload to the worker's pipe, or kill the worker: a torn frame would be misread."""
@@ -655,8 +676,10 @@ class LocalExecutor(BaseExecutor):
                 self._handle_result(pid, *result)
 
     def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState | str | None, info) -> None:
-        if self._worker_tasks.get(pid, (None,))[0] != key:
+        held = self._worker_tasks.get(pid, (None,))[0]
+        if held is None or key not in (held, None):  # None: a key too large for its frame (_send_result())
             return
+        key = held
         workload = self._worker_tasks[pid][1]
         if state == STARTED:
             self._unstarted.discard(pid)
