@@ -65,7 +65,7 @@ def woken_by_a_result() -> dict:
     dispatch(executor, [quick])
     began = time.monotonic()
     # The scheduler's loops while nothing else happens: sync(), find nothing to do, sleep.
-    while time.monotonic() - began < 4 * IDLE_SLEEP:
+    while time.monotonic() - began < 2 * IDLE_SLEEP:  # two sleeps: a stage that sleeps through fails soon
         executor.sync()
         if executor.event_buffer.get(key_of(quick), (None,))[0] == TaskInstanceState.SUCCESS:
             break
@@ -102,14 +102,14 @@ def slept_through_a_start() -> dict:
     _idle_sleep(executor, THROUGH_START)  # the worker's running state and start acknowledgement come now
     through_start = time.monotonic() - began
     # Its end comes about RUNS_FOR - THROUGH_START in: only that may end this sleep before its time.
-    _idle_sleep(executor, 8 * IDLE_SLEEP)
+    _idle_sleep(executor, 3 * THROUGH_START)
     to_end = time.monotonic() - began - through_start
     executor.sync()
     executor.end()
     return {
         "slow": str(executor.event_buffer.get(key_of(slow), ("missing",))[0]),
         "slept_through_start": through_start >= THROUGH_START,
-        "woken_by_end": to_end < 8 * IDLE_SLEEP,
+        "woken_by_end": to_end < 3 * THROUGH_START,
     }
 
 
