@@ -155,7 +155,7 @@ def test_a_rounds_counts_come_from_its_logs_its_figures_and_the_poller(tmp_path:
         f"2026-12-07T02:31:09.7Z [warning  ] {apistall.CLIENT_RETRY_TEXT}, this is the 1st time calling it.\n"
         * 3
     )
-    run = _FakeRun(extra={"throughput": {"tasks_per_s": 0.59, "failed": 2, "pool_timeouts": 1}})
+    run = _FakeRun(extra={"throughput": {"tasks_per_s": 0.59, "failed": 2, "pool_timeouts": 1}, "load": 7.5})
     driver._api_stall(
         cast(driver.Run, run), tmp_path, poller, [TI_C], sched, driver.read_api_logs(tmp_path / "logs")
     )
@@ -170,6 +170,7 @@ def test_a_rounds_counts_come_from_its_logs_its_figures_and_the_poller(tmp_path:
         "starts_retried": 2,
         "failed": 2,
         "left_running": 1,
+        "load": 7.5,
     }
     assert stall["left_running"] == [TI_C] and stall["poll"]["pool_timeouts"] == 1
     assert stall["client_retries"] == 3
@@ -191,7 +192,7 @@ def test_a_rounds_counts_come_from_its_logs_its_figures_and_the_poller(tmp_path:
 
 
 def _counts(tps: float, longest: float, retried: int = 0, left: int = 0) -> RoundCounts:
-    return RoundCounts(tps, int(longest >= 5), longest, longest + 0.2, 0, 0, retried, retried, left)
+    return RoundCounts(tps, int(longest >= 5), longest, longest + 0.2, 0, 0, retried, retried, left, load=3.5)
 
 
 def test_the_rounds_table_puts_the_stages_side_by_side() -> None:
@@ -212,11 +213,12 @@ def test_the_rounds_table_puts_the_stages_side_by_side() -> None:
         f"{'full series':<{width}}",
         "stage 9",
     ]
-    assert lines[2].split(" | ")[1] == "  run tasks/s  >5s longest   poll 5xx t/o retried failed left"
+    assert lines[2].split(" | ")[1] == "  run tasks/s  load  >5s longest   poll 5xx t/o retried failed left"
     row1 = lines[3].split(" | ")
     assert row1[0] == "1     " and row1[1].split() == [
         "ok",
         "6.02",
+        "3.5",
         "1",
         "5.2s",
         "5.4s",
@@ -228,7 +230,7 @@ def test_the_rounds_table_puts_the_stages_side_by_side() -> None:
     ]
     assert len(row1) == 3  # stage 9's blank cell is not printed at the end of a row
     row2 = lines[4].split(" | ")
-    assert row2[2].split() == ["FAIL", "0.59", "1", "31.2s", "31.4s", "0", "0", "2", "2", "1"]
+    assert row2[2].split() == ["FAIL", "0.59", "3.5", "1", "31.2s", "31.4s", "0", "0", "2", "2", "1"]
     assert lines[5].startswith("run: the scenario's verdict") and all(len(ln) <= 110 for ln in lines[5:])
     assert RoundCounts.from_json({**_counts(1.0, 1.0).as_json(), "new_field": 1}) == _counts(1.0, 1.0)
 
@@ -265,7 +267,7 @@ def test_compare_tables_add_the_per_round_table() -> None:
     )
     assert lines[0].endswith("postgres, db pool 5 + 10, timeout 30 s (Airflow's)")
     assert "stage 0" in lines[1] and "full series" in lines[1]
-    assert lines[4].split(" | ")[2].split()[:4] == ["FAIL", "0.60", "1", "31.2s"]
+    assert lines[4].split(" | ")[2].split()[:5] == ["FAIL", "0.60", "3.5", "1", "31.2s"]
     no_poll = driver.compare_tables(opts, [report(0, None, True), report(None, None, True)])
     assert "throughput api" not in no_poll and "throughput" in no_poll
 

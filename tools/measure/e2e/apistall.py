@@ -174,6 +174,7 @@ class RoundCounts:
     starts_retried: int | None = None
     failed: int | None = None
     left_running: int | None = None
+    load: float | None = None  # the machine's 1-minute load average as the run ended
     passed: bool = True  # the scenario's verdict, which the report keeps beside the counts
 
     def as_json(self) -> dict[str, Any]:
@@ -194,6 +195,7 @@ def _n(v: float | int | None, digits: int = 0, unit: str = "") -> str:
 _COLUMNS: tuple[tuple[str, int, Callable[[RoundCounts], str]], ...] = (  # header, width, cell
     ("run", 5, lambda c: "ok" if c.passed else "FAIL"),
     ("tasks/s", 8, lambda c: _n(c.tasks_per_s, 2)),
+    ("load", 6, lambda c: _n(c.load, 1)),
     (">5s", 5, lambda c: _n(c.api_slow)),
     ("longest", 8, lambda c: _n(c.api_longest_s, 1, "s")),
     ("poll", 7, lambda c: _n(c.poll_longest_s, 1, "s")),
@@ -223,7 +225,8 @@ def rounds_table(stages: Sequence[tuple[str, Sequence[RoundCounts | None]]], tit
             row += " | " + cells
         out.append(row.rstrip(" |"))
     legend = (
-        "run: the scenario's verdict; tasks/s of the round; >5s, longest: api-server requests "
+        "run: the scenario's verdict; tasks/s of the round; load: the machine's 1-minute load average as "
+        "the run ended; >5s, longest: api-server requests "
         f"(access log) of {SLOW_REQUEST_S:g} s or more, the longest; poll: the UI poller's longest "
         "request; 5xx: its 5xx answers and unanswered requests; t/o: pool timeouts (api-server log); "
         "retried: task starts sent more than once; failed: tasks failed; left: task instances left "

@@ -1068,6 +1068,7 @@ def _api_stall(
         starts_retried=api.starts_retried if api else None,
         failed=fig.get("failed"),
         left_running=None if left is None else len(left),
+        load=run.extra.get("load"),
     )
     run.extra["api_stall"] = {
         "counts": counts.as_json(),
@@ -1311,6 +1312,8 @@ class ScenarioRunner:
                 0.0,
             )
             watch = self._watch(run, failures)
+            # The machine's 1-minute load average as the run ends: the figures are read beside it.
+            run.extra["load"] = round(os.getloadavg()[0], 1)
             if cpu_marks:
                 cpu_marks.append(cputime.take(cpu_roots))
             timings["run_s"] = round(watch.elapsed, 2) if watch.final else None
