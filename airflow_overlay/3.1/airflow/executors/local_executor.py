@@ -211,11 +211,11 @@ def _held_off() -> Iterator[None]:
     Held off, a signal that comes in between is handled right after the block, where nothing is half
     moved. A nested block records into the outer one's recorder, which it restores.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers: no-op elsewhere
     saved: dict[int, Callable[[int, FrameType | None], object]] = {
-        signum: h for signum in (signal.SIGTERM, signal.SIGINT) if callable(h := signal.getsignal(signum))
+        signum: h
+        for signum in (signal.SIGTERM, signal.SIGINT)
+        if main and callable(h := signal.getsignal(signum))
     }
     caught: list[int] | None = []  # None once the block has ended
 
@@ -268,19 +268,18 @@ def _summary(error: BaseException) -> str:
     return ascii(error)[:1024]
 
 
-def _send_result(output: Connection, key: WorkloadKey | None, state, info: str | None = None) -> None:
+def _send_result(output: Connection, key: WorkloadKey, state, info: str | None = None) -> None:
     """
     Write one result frame in one write() of at most PIPE_BUF bytes, which the kernel makes atomic.
 
     Invariant: a worker killed at any instant has written whole frames only, and the executor, which
-    reads only after poll(), never waits for the rest of one. A key of 250-character names in 4-byte
-    UTF-8 (which ``KEY_REGEX`` allows) leaves less room: the summary gives way first, then the key,
-    which the executor knows from the worker that sent the frame.
+    reads only after poll(), never waits for the rest of one. A key of three 250-character names in
+    4-byte UTF-8 (the most ``KEY_REGEX`` and the run_id column allow) takes about 3 KB: the summary
+    gives way.
     """
-    short = info and info[:256]
-    for frame in (key, state, info), (key, state, short), (None, state, short):
-        if len(data := ForkingPickler.dumps(frame)) + 4 <= select.PIPE_BUF:  # 4: the length header
-            break
+    data = ForkingPickler.dumps((key, state, info))
+    if info and (excess := len(data) + 4 - select.PIPE_BUF) > 0:  # 4: the length header
+        data = ForkingPickler.dumps((key, state, info[:-excess]))
     output.send_bytes(data)
 
 
@@ -487,9 +486,8 @@ class LocalExecutor(BaseExecutor):
             return None
         if self.is_mp_using_fork:
             # Replacements too are forked with the GC frozen, and all at once.
-            before = set(self.workers)
             self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))
-            return next(pid for pid in self.workers if pid not in before)
+            return next(reversed(self.workers))  # the newest: workers is in the order they were added
         # With spawn a worker takes a second or more to start: start only the one this workload needs.
         return self._spawn_worker()
 
@@ -594,9 +592,7 @@ class LocalExecutor(BaseExecutor):
                 # earlier dispatch runs; connection tests, outside the slot count). What is left stays in
                 # BaseExecutor's queues, in priority order, for the next heartbeat.
                 if not self._all_busy:  # once, not every heartbeat, until a heartbeat places all it got
-                    self.log.warning(
-                        "Every one of %d workers is busy; workloads wait for one", len(self.workers)
-                    )
+                    self.log.warning("All %d workers are busy; workloads wait for one", len(self.workers))
                 self._all_busy = True
                 return
             key = _workload_key(workload)
@@ -645,10 +641,8 @@ class LocalExecutor(BaseExecutor):
                 self._handle_result(pid, *result)
 
     def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState | str | None, info) -> None:
-        held = self._worker_tasks.get(pid, (None,))[0]
-        if held is None or key not in (held, None):  # None: a key too large for its frame (_send_result())
+        if self._worker_tasks.get(pid, (None,))[0] != key:
             return
-        key = held
         workload = self._worker_tasks[pid][1]
         if state == STARTED:
             self._unstarted.discard(pid)

@@ -222,11 +222,11 @@ def _held_off() -> Iterator[None]:
     Held off, a signal that comes in between is handled right after the block, where nothing is half
     moved. A nested block records into the outer one's recorder, which it restores.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers: no-op elsewhere
     saved: dict[int, Callable[[int, FrameType | None], object]] = {
-        signum: h for signum in (signal.SIGTERM, signal.SIGINT) if callable(h := signal.getsignal(signum))
+        signum: h
+        for signum in (signal.SIGTERM, signal.SIGINT)
+        if main and callable(h := signal.getsignal(signum))
     }
     caught: list[int] | None = []  # None once the block has ended
 
@@ -282,9 +282,7 @@ def _forks_task_process(workload: workloads.ExecuteTask) -> bool:
     # Python task process. A private name gone from a later task-sdk means one this was not written for:
     # the task counts as started before it runs (a worker that dies costs the task a try), never as
     # unstarted once it runs (it would run twice).
-    if (uses_exec := getattr(supervisor, "_task_process_uses_exec", None)) is None:
-        uses_exec = lambda: not sdk_version.startswith("1.3.")
-    if uses_exec():
+    if getattr(supervisor, "_task_process_uses_exec", lambda: not sdk_version.startswith("1.3."))():
         return False
     # A task routed to another runtime's coordinator ([sdk] queue_to_coordinator: Java, ...) starts with
     # subprocess, which runs no at-fork hook either; only the Python one forks.
@@ -305,19 +303,18 @@ def _summary(error: BaseException) -> str:
     return ascii(error)[:1024]
 
 
-def _send_result(output: Connection, key: WorkloadKey | None, state, info: str | None = None) -> None:
+def _send_result(output: Connection, key: WorkloadKey, state, info: str | None = None) -> None:
     """
     Write one result frame in one write() of at most PIPE_BUF bytes, which the kernel makes atomic.
 
     Invariant: a worker killed at any instant has written whole frames only, and the executor, which
-    reads only after poll(), never waits for the rest of one. A key of 250-character names in 4-byte
-    UTF-8 (which ``KEY_REGEX`` allows) leaves less room: the summary gives way first, then the key,
-    which the executor knows from the worker that sent the frame.
+    reads only after poll(), never waits for the rest of one. A key of three 250-character names in
+    4-byte UTF-8 (the most ``KEY_REGEX`` and the run_id column allow) takes about 3 KB: the summary
+    gives way.
     """
-    short = info and info[:256]
-    for frame in (key, state, info), (key, state, short), (None, state, short):
-        if len(data := ForkingPickler.dumps(frame)) + 4 <= select.PIPE_BUF:  # 4: the length header
-            break
+    data = ForkingPickler.dumps((key, state, info))
+    if info and (excess := len(data) + 4 - select.PIPE_BUF) > 0:  # 4: the length header
+        data = ForkingPickler.dumps((key, state, info[:-excess]))
     output.send_bytes(data)
 
 
@@ -512,9 +509,8 @@ class LocalExecutor(BaseExecutor):
             return None
         if self.is_mp_using_fork:
             # Replacements too are forked with the GC frozen, and all at once.
-            before = set(self.workers)
             self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))
-            return next(pid for pid in self.workers if pid not in before)
+            return next(reversed(self.workers))  # the newest: workers is in the order they were added
         # With spawn a worker takes a second or more to start: start only the one this workload needs.
         return self._spawn_worker()
 
@@ -620,9 +616,7 @@ class LocalExecutor(BaseExecutor):
                 # earlier dispatch runs; connection tests, outside the slot count). What is left stays in
                 # BaseExecutor's queues, in priority order, for the next heartbeat.
                 if not self._all_busy:  # once, not every heartbeat, until a heartbeat places all it got
-                    self.log.warning(
-                        "Every one of %d workers is busy; workloads wait for one", len(self.workers)
-                    )
+                    self.log.warning("All %d workers are busy; workloads wait for one", len(self.workers))
                 self._all_busy = True
                 return
             self._take_queued(workload)
@@ -634,13 +628,12 @@ class LocalExecutor(BaseExecutor):
                 self._unstarted.add(pid)
         self._all_busy = False
 
-    def _take_queued(self, workload) -> dict:
-        """Remove a workload from the executor's queue it waits in, and return that queue."""
+    def _take_queued(self, workload) -> None:
+        """Remove a workload from the executor's queue it waits in."""
         # A valid workload will exist in exactly one of these dicts.
-        for queue in (self.queued_tasks, self.queued_callbacks, self.queued_connection_tests):
-            if queue.pop(workload.key, None) is not None:
-                return queue
-        raise KeyError(f"Workload {workload.key} was not found in any queue")
+        queues = (self.queued_tasks, self.queued_callbacks, self.queued_connection_tests)
+        if not any(queue.pop(workload.key, None) is not None for queue in queues):
+            raise KeyError(f"Workload {workload.key} was not found in any queue")
 
     def _send_workload(self, pid: int, workload: ExecutorWorkload | None) -> None:
         """Write the whole workload to the worker's pipe, or kill the worker: a torn frame would be misread."""
@@ -680,10 +673,8 @@ class LocalExecutor(BaseExecutor):
                 self._handle_result(pid, *result)
 
     def _handle_result(self, pid: int, key: WorkloadKey, state: WorkloadState | str | None, info) -> None:
-        held = self._worker_tasks.get(pid, (None,))[0]
-        if held is None or key not in (held, None):  # None: a key too large for its frame (_send_result())
+        if self._worker_tasks.get(pid, (None,))[0] != key:
             return
-        key = held
         workload = self._worker_tasks[pid][1]
         if state == STARTED:
             self._unstarted.discard(pid)
