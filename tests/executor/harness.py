@@ -117,7 +117,8 @@ class ScenarioError(AssertionError):
 def environment() -> dict[str, str]:
     """The variables a scenario process needs: no database, a private AIRFLOW_HOME."""
     env = dict(os.environ)
-    env.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="lepatch-airflow-home-"))
+    if "AIRFLOW_HOME" not in env:  # made only when needed: the test runner's home is normally set
+        env["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="lepatch-airflow-home-")
     env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", "lepatch-test-secret-not-for-production")
     env.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
