@@ -189,7 +189,7 @@ def frames_of_a_wide_key(record: str) -> dict:
 
     from airflow.utils.state import TaskInstanceState
 
-    me, send = os.getpid(), multiprocessing.connection.Connection._send
+    me, send = os.getpid(), multiprocessing.connection.Connection._send  # type: ignore[attr-defined]
 
     def sending(self, buf, *args):  # in a forked worker: every write of a frame to the results pipe
         if os.getpid() != me and len(buf) > select.PIPE_BUF:
@@ -197,7 +197,7 @@ def frames_of_a_wide_key(record: str) -> dict:
                 out.write(f"{len(buf)}\n")
         return send(self, buf, *args)
 
-    multiprocessing.connection.Connection._send = sending  # type: ignore[method-assign]
+    multiprocessing.connection.Connection._send = sending  # type: ignore[attr-defined]
     executor = new_executor(1)
     # Names of 250 characters in 4-byte UTF-8, as KEY_REGEX allows, and an error of 2,000 characters.
     workload = make_workload("\U0001f600" * 250, fake={"fail_bytes": 2000})

@@ -73,10 +73,11 @@ class _Loader(importlib.abc.Loader):
         setattr(cls, meth, _timed(getattr(cls, meth), kind, self.fd, self.pid))
         if kind != "S":
             return
-        if hasattr(module, "wait_for_executor_events"):
-            module.wait_for_executor_events = _timed(module.wait_for_executor_events, "W", self.fd, self.pid)
-        elif isinstance(getattr(module, "time", None), ModuleType):
-            module.time = _SleepTimed(module.time, _timed(module.time.sleep, "W", self.fd, self.pid))
+        names = vars(module)  # the loop looks both up in its module's namespace
+        if (wait := names.get("wait_for_executor_events")) is not None:
+            names["wait_for_executor_events"] = _timed(wait, "W", self.fd, self.pid)
+        elif isinstance(clock := names.get("time"), ModuleType):
+            names["time"] = _SleepTimed(clock, _timed(clock.sleep, "W", self.fd, self.pid))
 
 
 class _SleepTimed:
