@@ -510,8 +510,9 @@ class LocalExecutor(BaseExecutor):
             return None
         if self.is_mp_using_fork:
             # Replacements too are forked with the GC frozen, and all at once.
+            before = set(self.workers)
             self._spawn_workers_with_gc_freeze(self.parallelism - len(self.workers))
-            return next(reversed(self.workers))  # the newest: workers is in the order they were added
+            return next(pid for pid in self.workers if pid not in before)
         # With spawn a worker takes a second or more to start: start only the one this workload needs.
         return self._spawn_worker()
 
