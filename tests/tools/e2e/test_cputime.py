@@ -296,7 +296,7 @@ def test_the_throughput_scenario_always_traces_the_schedulers_loops() -> None:
     assert not driver.traces_loops(e2e_options(scenarios=["clean", "throughput"]), "clean")
     assert not driver.traces_loops(e2e_options(scenarios=["clean"]))
     assert driver.traces_loops(e2e_options(scenarios=["clean"], trace_loops=True), "clean")
-    env = driver.scenario_env(e2e_options(), "throughput", driver.dag_for("throughput"), Path("/h"))
+    env = driver.scenario_env(e2e_options(), "throughput", driver.SCENARIOS["throughput"]().dag(), Path("/h"))
     assert env[looptrace.ENV] == "/h/" + looptrace.TRACE_FILE
 
 
@@ -317,7 +317,7 @@ def test_compare_tables_add_the_cpu_table_of_the_passed_rounds() -> None:
         _report(0, _figs(2.0, {**CPU, TASKS: 1000.0}), passed=False),  # a failed round: left out
         _report(None, _figs(4.0, {**CPU, WORKERS: 30.0}, executor=1.5)),
     ]
-    rows = driver.cpu_rows(opts, reports, "throughput")
+    rows = driver.cpu_rows(opts.executor, reports, "throughput")
     assert [r.label for r in rows] == ["stage 0", "full series"]
     assert [r.runs for r in rows] == [1, 2]
     assert rows[0].per_task[TASKS] == pytest.approx(0.15)
@@ -326,4 +326,4 @@ def test_compare_tables_add_the_cpu_table_of_the_passed_rounds() -> None:
     assert set(tables) == {"throughput", "throughput cpu"}
     assert tables["throughput cpu"].startswith("throughput: CPU per finished task and the ceiling")
     assert "ratios to stage 0; medians of 2 rounds" in tables["throughput cpu"].splitlines()[0]
-    assert driver.cpu_rows(opts, [_report(0, None), _report(None, None)], "throughput") == []
+    assert driver.cpu_rows(opts.executor, [_report(0, None), _report(None, None)], "throughput") == []

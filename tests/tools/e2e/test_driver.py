@@ -33,13 +33,13 @@ def test_urgent_raises_the_calling_thread_only_and_restores_it() -> None:
 
 
 def test_queued_timeout_runs_two_waves_of_long_tasks() -> None:
-    spec = driver.dag_for("queued-timeout", parallelism=2)
+    spec = driver.SCENARIOS["queued-timeout"]().dag(parallelism=2)
     assert spec.file.is_file() and spec.file.name == "lepatch_e2e_long.py"
     assert (spec.dag_id, spec.n_tasks) == ("lepatch_e2e_long", 4)
     text = spec.file.read_text()
     assert f'DAG_ID = "{spec.dag_id}"' in text and driver.QT_TASKS_ENV in text
     assert "queued-timeout" in driver.SCENARIOS and "queued-timeout" not in driver.DEFAULT_SCENARIOS
-    assert driver.scenario_deadline("queued-timeout", 120.0) == 3 * driver.QT_TASK_SECONDS
+    assert driver.SCENARIOS["queued-timeout"]().deadline(120.0) == 3 * driver.QT_TASK_SECONDS
     # Three rounds of the stuck-in-queued check fit in one task: the third fails a task.
     assert 3 * (driver.QT_QUEUED_TIMEOUT + driver.QT_CHECK_INTERVAL) < driver.QT_TASK_SECONDS
 
@@ -73,7 +73,7 @@ def test_scenario_env_puts_the_operators_airflow_env_last(tmp_path: Path) -> Non
         ]
     )
     env = driver.scenario_env(
-        opts, "queued-timeout", driver.dag_for("queued-timeout", parallelism=2), tmp_path
+        opts, "queued-timeout", driver.SCENARIOS["queued-timeout"]().dag(parallelism=2), tmp_path
     )
     assert env == {
         driver.QT_TASKS_ENV: "4",
@@ -81,7 +81,9 @@ def test_scenario_env_puts_the_operators_airflow_env_last(tmp_path: Path) -> Non
         "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "3",
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0",
     }
-    throughput = driver.scenario_env(opts, "throughput", driver.dag_for("throughput", tasks=30), tmp_path)
+    throughput = driver.scenario_env(
+        opts, "throughput", driver.SCENARIOS["throughput"]().dag(tasks=30), tmp_path
+    )
     assert throughput[driver.TP_TASKS_ENV] == "30"
     assert driver.QT_TASKS_ENV not in throughput
 

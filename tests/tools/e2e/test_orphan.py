@@ -131,12 +131,12 @@ def test_judge_kill_orphan_without_a_kill_or_past_the_deadline() -> None:
 
 
 def test_kill_orphan_gets_its_own_dag_and_a_longer_deadline() -> None:
-    assert driver.dag_for("kill-orphan").file.is_file()
-    assert driver.dag_for("kill-orphan").n_tasks == 1
-    assert driver.dag_for("kill-running") == driver.MAIN_DAG
-    assert driver.scenario_deadline("kill-orphan", 120.0) == driver.ORPHAN_DEADLINE
-    assert driver.scenario_deadline("kill-orphan", 400.0) == 400.0
-    assert driver.scenario_deadline("kill-running", 120.0) == 120.0
+    assert driver.SCENARIOS["kill-orphan"]().dag().file.is_file()
+    assert driver.SCENARIOS["kill-orphan"]().dag().n_tasks == 1
+    assert driver.SCENARIOS["kill-running"]().dag() == driver.MAIN_DAG
+    assert driver.SCENARIOS["kill-orphan"]().deadline(120.0) == driver.ORPHAN_DEADLINE
+    assert driver.SCENARIOS["kill-orphan"]().deadline(400.0) == 400.0
+    assert driver.SCENARIOS["kill-running"]().deadline(120.0) == 120.0
 
 
 def test_summary_table_prints_the_orphan_figures(tmp_path: Path) -> None:

@@ -142,14 +142,14 @@ def test_the_watch_sees_an_earlier_try_alive_when_its_retry_starts(tmp_path: Pat
 
 def test_the_scenario_is_wired_into_the_driver_and_the_command_line(tmp_path: Path) -> None:
     assert "scale" in driver.SCENARIOS and "scale" not in driver.DEFAULT_SCENARIOS
-    assert driver.DURING["scale"] is driver.kill_scale
-    dag = driver.dag_for("scale", 500, 64)
+    assert driver.SCENARIOS["scale"].during is driver.kill_scale
+    dag = driver.SCENARIOS["scale"]().dag(500, 64)
     assert (dag.dag_id, dag.n_tasks) == (driver.SCALE_DAG_ID, 500)
-    assert driver.scenario_deadline("scale", 120, 500) == driver.SCALE_DEADLINE_BASE + 1000
+    assert driver.SCENARIOS["scale"]().deadline(120, 500) == driver.SCALE_DEADLINE_BASE + 1000
     argv = ["--line", "3.3", "--db", "postgres", "--scenario", "scale", "--tasks", "60", "--kills", "3"]
     opts = cli.parse_options(argv)
     assert (opts.scenarios, opts.tasks, opts.kills) == (["scale"], 60, 3)
-    env = driver.scenario_env(opts, "scale", driver.dag_for("scale", 60), tmp_path)
+    env = driver.scenario_env(opts, "scale", driver.SCENARIOS["scale"]().dag(60), tmp_path)
     assert env[driver.SCALE_TASKS_ENV] == "60"
     assert env[driver.SCALE_DIR_ENV] == str(tmp_path / driver.SCALE_JOBS_DIR)
     assert cli.parse_options([]).kills == driver.SCALE_DEFAULT_KILLS

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import time
 
 import pytest
 
@@ -96,31 +95,6 @@ def test_alive_as_tells_a_process_from_one_that_reused_its_pid() -> None:
         child.wait()
     assert not soak.alive_as(child.pid, st)
     assert soak.title_of(os.getpid()) != "gone"
-
-
-def test_a_cleanup_is_shielded_from_ctrl_c_and_sigterm() -> None:
-    import signal
-
-    # A process started in the background by a script inherits SIGINT ignored: set what is tested.
-    launched_with = signal.signal(signal.SIGINT, signal.default_int_handler)
-    before = signal.getsignal(signal.SIGINT)
-    try:
-        _shielded_then_not(before)
-    finally:
-        signal.signal(signal.SIGINT, launched_with)
-
-
-def _shielded_then_not(before: object) -> None:
-    import signal
-
-    with soak.shielded():
-        os.kill(os.getpid(), signal.SIGINT)  # ignored: no KeyboardInterrupt in the middle of a stop
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    assert signal.getsignal(signal.SIGINT) == before
-    with pytest.raises(KeyboardInterrupt):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(1)  # the handler runs at the latest here
 
 
 class _FakePostgres:

@@ -213,20 +213,20 @@ def test_compare_tables_from_stage_reports(tmp_path: Path) -> None:
 
 
 def test_throughput_dag_deadline_and_labels() -> None:
-    spec = driver.dag_for("throughput", 30)
+    spec = driver.SCENARIOS["throughput"]().dag(30)
     assert spec.file.is_file() and spec.file.name == "lepatch_e2e_throughput.py"
     assert (spec.dag_id, spec.n_tasks) == ("lepatch_e2e_throughput", 30)
     assert "throughput" in driver.SCENARIOS and "throughput" not in driver.DEFAULT_SCENARIOS
-    assert driver.scenario_deadline("throughput", 120.0, 200) == 260.0
-    assert driver.scenario_deadline("throughput", 120.0, 30) == 120.0
+    assert driver.SCENARIOS["throughput"]().deadline(120.0, 200) == 260.0
+    assert driver.SCENARIOS["throughput"]().deadline(120.0, 30) == 120.0
     assert driver.stage_label(0) == "stage 0" and driver.stage_label(None) == "full series"
 
 
 def test_kill_queued_runs_the_no_op_dag_when_the_main_one_is_a_single_wave() -> None:
-    assert driver.dag_for("kill-queued", parallelism=8) == driver.MAIN_DAG
-    wide = driver.dag_for("kill-queued", parallelism=32)
+    assert driver.SCENARIOS["kill-queued"]().dag(parallelism=8) == driver.MAIN_DAG
+    wide = driver.SCENARIOS["kill-queued"]().dag(parallelism=32)
     assert (wide.dag_id, wide.n_tasks) == ("lepatch_e2e_throughput", 128)
-    assert driver.dag_for("kill-running", parallelism=32) == driver.MAIN_DAG
+    assert driver.SCENARIOS["kill-running"]().dag(parallelism=32) == driver.MAIN_DAG
 
 
 def test_the_dag_file_reads_its_task_count_from_the_driver_env() -> None:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 from tools.delivery import package
 from tools.engine import releases
@@ -413,15 +411,7 @@ def parse_stages(text: str) -> list[int | None]:
 
 
 def _cmd_e2e(args: argparse.Namespace) -> int:
-    # A SIGTERM (nox's on Ctrl-C, or a kill) must stop the stack too, as main()'s does.
-    old = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    try:
-        return run_session(options_from(args))
-    except KeyboardInterrupt:
-        print("interrupted; every started process was stopped", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    return run_session(options_from(args))
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -469,11 +459,6 @@ def _cmd_e2e_lock(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    # so that `finally` blocks stop every process this session started
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def parse_options(argv: list[str] | None = None) -> Options:
     """The session's options from a command line, as ``python -m tools.measure.e2e`` reads it."""
     parser = argparse.ArgumentParser(prog="python -m tools.measure.e2e", description=DESCRIPTION)
@@ -482,15 +467,11 @@ def parse_options(argv: list[str] | None = None) -> Options:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         return run_session(parse_options(argv))
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted; every started process was stopped", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

@@ -116,9 +116,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from tools.engine import venvs
 from tools.measure.e2e import (
     apistall,
     cputime,
@@ -126,12 +125,12 @@ from tools.measure.e2e import (
     orphan,
     procfs,
     scale,
+    session,
     slots,
     soak_faults,
     throughput,
     uipoll,
 )
-from tools.measure.e2e.celery import Redis
 from tools.measure.e2e.judge import N_TASKS, Kill, judge
 from tools.measure.e2e.stack import API_SERVERS, AirflowStack, Postgres, StackConfig, StackError, tail
 from tools.measure.e2e.timeline import format_timeline, rows_from_api, summarize
@@ -146,19 +145,6 @@ if TYPE_CHECKING:
 DAGS_DIR = LAYOUT.root / "tests" / "e2e" / "dags"
 DAG_FILE = DAGS_DIR / "lepatch_e2e.py"
 DAG_ID = "lepatch_e2e"
-SCENARIOS = (
-    "clean",
-    "kill-running",
-    "kill-queued",
-    "kill-idle-reader",
-    "sigterm-running",
-    "kill-orphan",
-    "throughput",
-    "queued-timeout",
-    "scale",
-)
-# What runs when no --scenario is given: all but kill-orphan, throughput and queued-timeout (see above).
-DEFAULT_SCENARIOS = ("clean", "kill-running", "kill-queued", "kill-idle-reader", "sigterm-running")
 # sigterm-running: how many tasks must be running (at most parallelism) when the scheduler is signalled.
 SIGTERM_RUNNING_TASKS = 4
 
@@ -198,8 +184,6 @@ POOL_HEADROOM = 8
 # pool_timeout, which Airflow does not set (only sql_alchemy_engine_args could).
 DB_POOL_HEADROOM = "headroom"
 DB_POOL_AIRFLOW = "airflow"
-# The scenarios run at Airflow's own pool unless --db-pool says otherwise (scenario_db_pool()).
-AIRFLOW_POOL_SCENARIOS = frozenset({"throughput"})
 AIRFLOW_POOL_SIZE = 5
 AIRFLOW_MAX_OVERFLOW = 10
 SQLALCHEMY_POOL_TIMEOUT = 30.0
@@ -237,58 +221,11 @@ SCALE_DEADLINE_PER_TASK = 2.0
 SCALE_TICK_S = 0.2
 
 
-def dag_for(name: str, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
-    """The DAG a scenario triggers (``tasks``: the throughput DAG's task count).
-
-    kill-queued needs workloads that reach workers one at a time, as running ones end: at
-    parallelism 30 or more the main DAG is one wave, every worker forks at once and a title read
-    waits for the fork to finish (it needs the worker's memory map), so no worker is ever seen
-    before its fork. There it runs the throughput DAG's no-op tasks, 4 x parallelism of them.
-    """
-    if name == "kill-orphan":
-        return ORPHAN_DAG
-    if name == "throughput":
-        return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, tasks)
-    if name == "queued-timeout":
-        return DagSpec(LONG_DAG_FILE, LONG_DAG_ID, 2 * parallelism)
-    if name == "scale":
-        return DagSpec(SCALE_DAG_FILE, SCALE_DAG_ID, tasks)
-    if name == "kill-queued" and parallelism >= MAIN_DAG.n_tasks:
-        return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, 4 * parallelism)
-    return MAIN_DAG
-
-
-def scenario_deadline(name: str, deadline: float, tasks: int = DEFAULT_TP_TASKS) -> float:
-    """The deadline a scenario runs with: --deadline, raised to ORPHAN_DEADLINE for kill-orphan
-    and to TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks for throughput; queued-timeout gets
-    its two waves of tasks and one more."""
-    if name == "kill-orphan":
-        return max(deadline, ORPHAN_DEADLINE)
-    if name == "queued-timeout":
-        return max(deadline, 3 * QT_TASK_SECONDS)
-    if name == "throughput":
-        return max(deadline, TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks)
-    if name == "scale":
-        return max(deadline, SCALE_DEADLINE_BASE + SCALE_DEADLINE_PER_TASK * tasks)
-    return deadline
-
-
 def scenario_env(opts: Options, name: str, dag: DagSpec, home: Path) -> dict[str, str]:
     """The environment a scenario's stack gets on top of the stack's own: what the scenario needs,
     then ``--min-heartbeat-interval`` and ``--trace-loops``, then ``--airflow-env`` (the operator's
     word is last)."""
-    env: dict[str, str] = {}
-    if name == "kill-orphan":
-        env[MARKS_ENV] = str(home / ORPHAN_MARKS_FILE)
-        env["LEPATCH_E2E_ORPHAN_SECONDS"] = str(ORPHAN_SECONDS)
-    if dag.file == THROUGHPUT_DAG_FILE:
-        env[TP_TASKS_ENV] = str(dag.n_tasks)
-    if name == "scale":
-        env[SCALE_TASKS_ENV] = str(dag.n_tasks)
-        env[SCALE_DIR_ENV] = str(home / SCALE_JOBS_DIR)
-    if name == "queued-timeout":
-        env[QT_TASKS_ENV] = str(dag.n_tasks)
-        env["AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL"] = f"{QT_CHECK_INTERVAL:g}"
+    env = SCENARIOS[name]().env(dag, home)
     if opts.min_heartbeat_interval is not None:
         env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = str(opts.min_heartbeat_interval)
     if traces_loops(opts, name):
@@ -305,7 +242,7 @@ def traces_loops(opts: Options, name: str | None = None) -> bool:
     """Whether the scheduler's loops are recorded (in scenario ``name``; None: in any of the session's).
     Always in throughput: the executor's CPU per task (its heartbeat's) comes from the trace."""
     names = opts.scenarios if name is None else [name]
-    return opts.trace_loops or "throughput" in names
+    return opts.trace_loops or any(SCENARIOS[n].traces_loops for n in names)
 
 
 def scenario_db_pool(opts: Options, name: str | None = None) -> str:
@@ -318,7 +255,7 @@ def scenario_db_pool(opts: Options, name: str | None = None) -> str:
     if name is None:
         pools = {scenario_db_pool(opts, n) for n in opts.scenarios}
         return pools.pop() if len(pools) == 1 else DB_POOL_HEADROOM
-    return DB_POOL_AIRFLOW if name in AIRFLOW_POOL_SCENARIOS else DB_POOL_HEADROOM
+    return DB_POOL_AIRFLOW if SCENARIOS[name].airflow_pool else DB_POOL_HEADROOM
 
 
 def db_pool_size(opts: Options, name: str | None = None) -> int | None:
@@ -464,8 +401,8 @@ class Run:
         say: Callable[[str], None],
         dag: DagSpec = MAIN_DAG,
         deadline: float | None = None,
-        marks: Path | None = None,
         home: Path | None = None,
+        pg: Postgres | None = None,
     ):
         self.name = name
         self.home = home or Path(".")  # the scenario's directory (scale: its jobs' records)
@@ -476,7 +413,7 @@ class Run:
         self.say = say
         self.dag = dag
         self.deadline = opts.deadline if deadline is None else deadline
-        self.marks = marks  # kill-orphan's marks file
+        self.pg = pg  # the session's PostgreSQL, if the stack's database is there
         self.run_id = f"e2e-{name}"
         self.watcher = RunWatcher(api, dag.dag_id, self.run_id)
         self.events: list[tuple[float, str]] = []
@@ -484,6 +421,16 @@ class Run:
         self.failures: list[str] = []  # what an action of the scenario (DURING/BEFORE) found wrong
         self.done = threading.Event()
         self.extra: Json = {}
+        # What the runner learns as the scenario goes, for the scenario's own checks to read.
+        self.trace: Path | None = None  # the scheduler's loop trace, when recorded
+        self.supervisor_log = self.home / "logs" / "scheduler.log"  # where task-sdk's supervisor logs
+        self.window: tuple[float, float] | None = None  # the loops' window, when not trigger to end
+        self.timings: dict[str, float | None] = {}
+        self.watch: WatchResult | None = None
+        self.tasks: dict[str, TaskSnap] = {}
+        self.tis: list[Json] = []
+        self.stop_info: Json = {}
+        self.api_logs: dict[str, str | None] = {}
 
     def t(self) -> float:
         """Seconds since the trigger; 0 before it (a stack that failed to start still logs its events)."""
@@ -660,10 +607,10 @@ def kill_idle_reader(run: Run) -> None:
 
 def kill_orphan(run: Run) -> None:
     """Once try 1 has marked a few times, SIGKILL the worker whose child is that task process."""
-    assert run.marks is not None
+    marks = run.home / ORPHAN_MARKS_FILE
     sched = run.stack.scheduler_pid
     while not run.done.is_set() and run.remaining() > 0:
-        first = orphan.of_try(orphan.read_marks(run.marks), 1)
+        first = orphan.of_try(orphan.read_marks(marks), 1)
         if len(first) < ORPHAN_MARKS_BEFORE_KILL:
             time.sleep(0.05)
             continue
@@ -702,7 +649,6 @@ def kill_orphan(run: Run) -> None:
 
 def measure_orphan(run: Run, final: bool, run_state: str | None) -> list[str]:
     """After the run: wait for try 1's task process to be gone, then judge the marks file."""
-    assert run.marks is not None
     kill_wall = run.extra.get("kill_wall")
     if run.kill is None or kill_wall is None:
         return orphan.judge_marks(None, final, run_state)
@@ -713,7 +659,9 @@ def measure_orphan(run: Run, final: bool, run_state: str | None) -> list[str]:
     while alive and time.monotonic() < give_up:
         time.sleep(0.5)
         alive = _alive(pids)
-    fig = orphan.figures(orphan.read_marks(run.marks), float(kill_wall), run.kill.try_number or 1)
+    fig = orphan.figures(
+        orphan.read_marks(run.home / ORPHAN_MARKS_FILE), float(kill_wall), run.kill.try_number or 1
+    )
     run.extra["orphan"] = fig.as_json()
     run.extra["killed_task_pids_alive_at_end"] = alive
     run.extra["orphan_summary"] = fig.text()
@@ -1005,8 +953,6 @@ def _wchan_or_gone(pid: int) -> str:
         return "gone"
 
 
-# The scenarios a UI's run page polls while the run goes (tools.measure.e2e.uipoll).
-UI_POLL_SCENARIOS = frozenset({"throughput"})
 # A task instance is left running with no process when two looks this far apart both find it so.
 LEFT_RUNNING_RECHECK_S = 3.0
 
@@ -1179,14 +1125,320 @@ def celery_at_end(run: Run) -> list[str]:
     return out
 
 
-DURING: dict[str, Callable[[Run], None]] = {
-    "kill-running": kill_running,
-    "kill-queued": kill_queued,
-    "kill-orphan": kill_orphan,
-    "sigterm-running": sigterm_running,
-    "scale": kill_scale,
+# -- the scenarios -------------------------------------------------------------------------------
+
+
+class Scenario:
+    """One scenario: the DAG, deadline and stack settings it needs, what it does to the run and what
+    it checks beyond ``judge``'s verdict. The runner makes one per run, so what a scenario gathers
+    while the run goes stays its own; every hook takes the run's live context."""
+
+    name: ClassVar[str]
+    default: ClassVar[bool] = True  # run when no --scenario is given
+    airflow_pool: ClassVar[bool] = False  # Airflow's own database pool unless --db-pool says otherwise
+    traces_loops: ClassVar[bool] = False  # the loop trace always on (else only with --trace-loops)
+    poll_interval: ClassVar[float | None] = None  # the watcher's, when not its own default
+    judged: ClassVar[bool] = True  # by judge() from the API's task states, with each retried task's tries
+
+    def dag(self, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
+        """The DAG it triggers (``tasks``: --tasks)."""
+        return MAIN_DAG
+
+    def deadline(self, deadline: float, tasks: int = DEFAULT_TP_TASKS) -> float:
+        """Its deadline: --deadline, or more where the scenario needs it."""
+        return deadline
+
+    def env(self, dag: DagSpec, home: Path) -> dict[str, str]:
+        """What its DAG needs in the stack's environment."""
+        return {TP_TASKS_ENV: str(dag.n_tasks)} if dag.file == THROUGHPUT_DAG_FILE else {}
+
+    def configure(self, cfg: StackConfig) -> None:
+        """Its stack's settings beyond the session's."""
+
+    def title(self, dag: DagSpec, kills: int) -> str:
+        """What its header line says of its size, before the database."""
+        return ""
+
+    def before(self, run: Run) -> None:
+        """Once the stack is ready, before the trigger."""
+
+    def at_trigger(self, run: Run) -> None:
+        """As the run's clock starts, before the trigger."""
+
+    @staticmethod
+    def during(run: Run) -> None:
+        """While the run goes (the watcher polls it in a thread of its own)."""
+
+    def run_over(self, run: Run) -> None:
+        """As soon as the run is final (or its deadline passed)."""
+
+    def at_end(self, run: Run) -> list[str]:
+        """After the verdict, the stack still up: what else failed."""
+        return []
+
+    def cleanup(self, run: Run) -> None:
+        """Before the stack stops, whatever happened: stop what the scenario started itself."""
+
+    def after_stop(self, run: Run) -> list[str]:
+        """Once the stack is stopped (its logs complete): what failed."""
+        return []
+
+    def compare(self, opts: Options, reports: Sequence[Json]) -> dict[str, str]:
+        """Its own tables at the end of a --compare-stages session, by name."""
+        return {}
+
+
+class Clean(Scenario):
+    name = "clean"
+
+
+class KillRunning(Scenario):
+    name = "kill-running"
+    during = staticmethod(kill_running)
+
+
+class KillQueued(Scenario):
+    name = "kill-queued"
+    during = staticmethod(kill_queued)
+
+    def dag(self, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
+        """It needs workloads that reach workers one at a time, as running ones end: at parallelism
+        30 or more the main DAG is one wave, every worker forks at once and a title read waits for the
+        fork to finish (it needs the worker's memory map), so no worker is ever seen before its fork.
+        There it runs the throughput DAG's no-op tasks, 4 x parallelism of them."""
+        if parallelism >= MAIN_DAG.n_tasks:
+            return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, 4 * parallelism)
+        return MAIN_DAG
+
+
+class KillIdleReader(Scenario):
+    name = "kill-idle-reader"
+
+    def before(self, run: Run) -> None:
+        kill_idle_reader(run)
+        time.sleep(1.0)  # let the scheduler's next sync see the dead worker
+
+    def at_trigger(self, run: Run) -> None:
+        if run.kill is not None:
+            run.kill.t = round(run.extra.pop("kill_monotonic") - run.watcher.t0, 2)
+            run.events.append((run.kill.t, f"SIGKILL {run.kill.detail.split(';')[0]} (pid {run.kill.pid})"))
+
+    def at_end(self, run: Run) -> list[str]:
+        problem = sigterm_scheduler(run)
+        return [problem] if problem else []
+
+
+class SigtermRunning(Scenario):
+    name = "sigterm-running"
+    during = staticmethod(sigterm_running)
+
+
+class KillOrphan(Scenario):
+    name = "kill-orphan"
+    default = False  # a minute and a half more, and into its deadline on the unpatched base
+    during = staticmethod(kill_orphan)
+
+    def dag(self, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
+        return ORPHAN_DAG
+
+    def deadline(self, deadline: float, tasks: int = DEFAULT_TP_TASKS) -> float:
+        return max(deadline, ORPHAN_DEADLINE)
+
+    def env(self, dag: DagSpec, home: Path) -> dict[str, str]:
+        return {MARKS_ENV: str(home / ORPHAN_MARKS_FILE), "LEPATCH_E2E_ORPHAN_SECONDS": str(ORPHAN_SECONDS)}
+
+    def at_end(self, run: Run) -> list[str]:
+        assert run.watch is not None
+        return measure_orphan(run, run.watch.final, run.watch.run_state)
+
+
+class Throughput(Scenario):
+    """Its figures are what it is for: tasks/s and latencies, the slots, the CPU per task between
+    the trigger and the run's end, the scheduler's loops, the api-server under a UI's polling."""
+
+    name = "throughput"
+    default = False
+    airflow_pool = True  # it measures what operators run
+    traces_loops = True  # the executor's CPU per task (its heartbeat's) comes from the trace
+    poll_interval = TP_POLL_INTERVAL
+
+    def __init__(self) -> None:
+        self.cpu_roots: list[cputime.Root] = []
+        self.cpu_marks: list[cputime.Snapshot] = []  # the CPU window: at the trigger, at the run's end
+        self.poller: uipoll.UiPoller | None = None
+        self.tis: list[Json] = []
+        self.dag_run: Json | None = None
+        self.left_running: list[str] | None = None
+
+    def dag(self, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
+        return DagSpec(THROUGHPUT_DAG_FILE, THROUGHPUT_DAG_ID, tasks)
+
+    def deadline(self, deadline: float, tasks: int = DEFAULT_TP_TASKS) -> float:
+        return max(deadline, TP_DEADLINE_BASE + TP_DEADLINE_PER_TASK * tasks)
+
+    def configure(self, cfg: StackConfig) -> None:
+        # A slow stage's queue may well be 30 s deep; a requeue would change what is measured.
+        cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
+        # 16 workers' task processes and a loaded machine: 5 s of SQLite lock wait is not enough.
+        cfg.sqlite_busy_timeout = TP_SQLITE_BUSY_TIMEOUT
+
+    def title(self, dag: DagSpec, kills: int) -> str:
+        return f"{dag.n_tasks} tasks, "
+
+    def before(self, run: Run) -> None:
+        self.cpu_roots = cputime.roots_of(run.stack, run.pg)
+        self.cpu_marks.append(cputime.take(self.cpu_roots))
+
+    def at_trigger(self, run: Run) -> None:
+        if not run.opts.ui_poll:
+            return
+        # The run's page is open as the run starts: the CLI's trigger takes seconds to return.
+        self.poller = uipoll.UiPoller(run.stack.api, run.dag.dag_id, run.run_id, run.t)
+        self.poller.start()
+        run.event(
+            f"UI poller: {len(self.poller.paths)} endpoints every {self.poller.interval:g} s, "
+            f"token {self.poller.token_source or 'none'}"
+        )
+
+    def run_over(self, run: Run) -> None:
+        self.cpu_marks.append(cputime.take(self.cpu_roots))
+        # the executor's heartbeat CPU over the CPU window itself
+        run.window = (self.cpu_marks[0].t, self.cpu_marks[1].t)
+
+    def at_end(self, run: Run) -> list[str]:
+        if run.tis:
+            self.tis = run.tis
+            self.dag_run = _safe_one(partial(run.api.run, run.dag.dag_id, run.run_id))
+        self.left_running = _left_running(run, run.tis)
+        return []
+
+    def cleanup(self, run: Run) -> None:
+        if self.poller is not None:
+            uipoll.write_records(run.home / uipoll.RECORDS_FILE, self.poller.stop())
+
+    def after_stop(self, run: Run) -> list[str]:
+        # After the stop: a worker's supervisor logs "Workload finished" only once it returns, which
+        # for a stalled one is seconds after the run ended; the access log has every request.
+        if self.tis:
+            fig = throughput.figures(
+                self.tis,
+                self.dag_run,
+                scheduler_log=run.supervisor_log,
+                min_heartbeat_interval=run.opts.min_heartbeat_interval,
+                api_log_text=run.api_logs[API_SERVERS[0]],
+            )
+            run.extra["throughput"] = fig.as_json()
+            run.extra["throughput_summary"] = fig.text()
+            run.event(f"throughput: {fig.text()}")
+            states = looptrace.scheduler_states(run.trace) if run.trace is not None else None
+            if slot_fig := slots.figures(self.tis, run.opts.parallelism, states):
+                run.extra["slots"] = slot_fig.as_json()
+                run.event(slot_fig.text())
+            if len(self.cpu_marks) == 2:
+                loops = run.extra.get("loops")
+                cpu = cputime.figures(
+                    self.cpu_marks[0],
+                    self.cpu_marks[1],
+                    self.cpu_roots,
+                    fig.ended,
+                    fig.tasks_per_s,
+                    executor_s=loops["heartbeat_cpu_s"] if loops else None,
+                )
+                run.extra["cpu"] = cpu.as_json()
+                run.extra["cpu_s"] = {k: round(v, 2) for k, v in cpu.cpu_s.items()}
+                run.extra["cpu_summary"] = cpu.text()
+                run.event(cpu.text())
+        _api_stall(run, run.home, self.poller, self.left_running, run.supervisor_log, run.api_logs)
+        return []
+
+
+class QueuedTimeout(Scenario):
+    name = "queued-timeout"
+    default = False  # about three minutes
+
+    def dag(self, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
+        return DagSpec(LONG_DAG_FILE, LONG_DAG_ID, 2 * parallelism)
+
+    def deadline(self, deadline: float, tasks: int = DEFAULT_TP_TASKS) -> float:
+        return max(deadline, 3 * QT_TASK_SECONDS)  # its two waves of tasks and one more
+
+    def env(self, dag: DagSpec, home: Path) -> dict[str, str]:
+        return {
+            QT_TASKS_ENV: str(dag.n_tasks),
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": f"{QT_CHECK_INTERVAL:g}",
+        }
+
+    def configure(self, cfg: StackConfig) -> None:
+        cfg.task_seconds = QT_TASK_SECONDS
+        cfg.task_queued_timeout = QT_QUEUED_TIMEOUT
+
+    def after_stop(self, run: Run) -> list[str]:
+        requeued, failed = stuck_in_queued(run.home / "logs" / "scheduler.log")
+        run.extra["stuck_in_queued"] = {"requeued": requeued, "failed": failed}
+        run.event(f"stuck in queued (scheduler log): {requeued} requeued, {failed} failed")
+        return []
+
+
+class Scale(Scenario):
+    """--tasks BashOperator jobs, --kills busy workers SIGKILLed; its jobs' own records are the
+    evidence (no API call per retried task), judged by ``scale.judge``."""
+
+    name = "scale"
+    default = False
+    poll_interval = TP_POLL_INTERVAL
+    judged = False
+    during = staticmethod(kill_scale)
+
+    def dag(self, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
+        return DagSpec(SCALE_DAG_FILE, SCALE_DAG_ID, tasks)
+
+    def deadline(self, deadline: float, tasks: int = DEFAULT_TP_TASKS) -> float:
+        return max(deadline, SCALE_DEADLINE_BASE + SCALE_DEADLINE_PER_TASK * tasks)
+
+    def env(self, dag: DagSpec, home: Path) -> dict[str, str]:
+        return {SCALE_TASKS_ENV: str(dag.n_tasks), SCALE_DIR_ENV: str(home / SCALE_JOBS_DIR)}
+
+    def configure(self, cfg: StackConfig) -> None:
+        (cfg.home / SCALE_JOBS_DIR).mkdir(parents=True, exist_ok=True)  # the jobs write into it
+        # Airflow's own task_queued_timeout (600 s): 500 tasks at 64 queue deeper than the e2e's 30 s.
+        cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
+
+    def title(self, dag: DagSpec, kills: int) -> str:
+        return f"{dag.n_tasks} tasks, {kills} worker kills, "
+
+    def after_stop(self, run: Run) -> list[str]:
+        o = run.opts
+        failures = measure_scale(run, run.tasks, bool(run.watch and run.watch.final), run.stop_info)
+        label = stage_label(o.stage, o.executor)
+        title = (
+            f"scale: {run.dag.n_tasks} BashOperator jobs at parallelism {o.parallelism}, "
+            f"{o.kills} worker kills, {o.line.label}, {o.db}"
+        )
+        run.say("\n" + scale.table(title, [(label, run.extra["scale"], run.timings.get("run_s"))]))
+        return failures
+
+    def compare(self, opts: Options, reports: Sequence[Json]) -> dict[str, str]:
+        return {self.name: scale_table(opts, reports)}
+
+
+# By name, in the order they run when no --scenario is given (kill-orphan, throughput,
+# queued-timeout and scale only when asked for).
+SCENARIOS: dict[str, type[Scenario]] = {
+    s.name: s
+    for s in (
+        Clean,
+        KillRunning,
+        KillQueued,
+        KillIdleReader,
+        SigtermRunning,
+        KillOrphan,
+        Throughput,
+        QueuedTimeout,
+        Scale,
+    )
 }
-BEFORE: dict[str, Callable[[Run], None]] = {"kill-idle-reader": kill_idle_reader}
+DEFAULT_SCENARIOS = tuple(name for name, s in SCENARIOS.items() if s.default)
+AIRFLOW_POOL_SCENARIOS = frozenset(name for name, s in SCENARIOS.items() if s.airflow_pool)
 
 
 # -- one scenario --------------------------------------------------------------------------------
@@ -1210,112 +1462,73 @@ class ScenarioRunner:
         self.say = say
 
     def run(self, name: str) -> ScenarioResult:
+        o = self.opts
+        sc = SCENARIOS[name]()
         home = self.workdir / name
-        dag = dag_for(name, self.opts.tasks, self.opts.parallelism)
-        deadline = scenario_deadline(name, self.opts.deadline, self.opts.tasks)
-        marks = home / ORPHAN_MARKS_FILE if name == "kill-orphan" else None
-        extra_env = scenario_env(self.opts, name, dag, home)
-        trace = home / looptrace.TRACE_FILE if traces_loops(self.opts, name) else None
+        dag = sc.dag(o.tasks, o.parallelism)
+        deadline = sc.deadline(o.deadline, o.tasks)
         cfg = StackConfig(
             venv=self.venv_path,
             home=home,
             dag_file=dag.file,
             db_url=self.pg.new_database() if self.pg else None,
-            parallelism=self.opts.parallelism,
-            task_seconds=self.opts.task_seconds,
-            extra_env=extra_env,
-            db_pool_size=db_pool_size(self.opts, name),
-            split_api=self.opts.split_api,
+            parallelism=o.parallelism,
+            task_seconds=o.task_seconds,
+            extra_env=scenario_env(o, name, dag, home),
+            db_pool_size=db_pool_size(o, name),
+            split_api=o.split_api,
         )
-        if name == "throughput":
-            # A slow stage's queue may well be 30 s deep; a requeue would change what is measured.
-            cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
-            # 16 workers' task processes and a loaded machine: 5 s of SQLite lock wait is not enough.
-            cfg.sqlite_busy_timeout = TP_SQLITE_BUSY_TIMEOUT
-        if name == "scale":
-            (home / SCALE_JOBS_DIR).mkdir(parents=True, exist_ok=True)  # the jobs write into it
-            # Airflow's own task_queued_timeout (600 s): 500 tasks at 64 queue deeper than the e2e's 30 s.
-            cfg.task_queued_timeout = max(cfg.task_queued_timeout, TP_QUEUED_TIMEOUT)
-        if name == "queued-timeout":
-            cfg.task_seconds = QT_TASK_SECONDS
-            cfg.task_queued_timeout = QT_QUEUED_TIMEOUT
+        sc.configure(cfg)
         stack: AirflowStack
-        if self.opts.executor == "celery":
+        if o.executor == "celery":
             from tools.measure.e2e.celery import CeleryStack
 
             assert self.broker_url is not None
-            stack = CeleryStack(cfg, self.say, self.broker_url, reap_sigchld=self.opts.reap_sigchld)
+            stack = CeleryStack(cfg, self.say, self.broker_url, reap_sigchld=o.reap_sigchld)
         else:
             stack = AirflowStack(cfg, self.say)
         api = RestApi(stack.api)
-        run = Run(name, stack, api, self.opts, self.say, dag=dag, deadline=deadline, marks=marks, home=home)
-        if name in ("throughput", "scale"):
-            run.watcher.interval = TP_POLL_INTERVAL
-        timings: dict[str, float | None] = {"deadline_s": deadline}
+        run = Run(name, stack, api, o, self.say, dag=dag, deadline=deadline, home=home, pg=self.pg)
+        run.trace = home / looptrace.TRACE_FILE if traces_loops(o, name) else None
+        # where task-sdk's supervisor logs ("Workload finished", its client's retries): the executor's worker
+        run.supervisor_log = (
+            home / "logs" / ("celery-worker-1.log" if o.executor == "celery" else "scheduler.log")
+        )
+        if sc.poll_interval is not None:
+            run.watcher.interval = sc.poll_interval
+        timings = run.timings
+        timings["deadline_s"] = deadline
         failures: list[str] = []
-        watch: WatchResult | None = None
         health = None
-        stop_info: Json = {}
-        tasks: dict[str, TaskSnap] = {}
         tries: dict[str, list[Json]] = {}
-        throughput_tis: list[Json] = []
-        throughput_run: Json | None = None
-        cpu_roots: list[cputime.Root] = []
-        cpu_marks: list[cputime.Snapshot] = []  # the CPU window: at the trigger, at the run's end
-        poller: uipoll.UiPoller | None = None
-        left_running: list[str] | None = None
         t0_wall = datetime.now(timezone.utc)
-        size = f"{dag.n_tasks} tasks, " if name in ("throughput", "scale") else ""
-        if name == "scale":
-            size += f"{self.opts.kills} worker kills, "
         self.say(
-            f"\n== {name} ({size}{self.opts.db}, parallelism {self.opts.parallelism}, "
+            f"\n== {name} ({sc.title(dag, o.kills)}{o.db}, parallelism {o.parallelism}, "
             f"deadline {deadline:g} s)"
         )
         try:
-            t_launch = time.monotonic()
-            stack.launch()
-            timings["migrate_s"] = round((stack.launched_at or t_launch) - t_launch, 2)
-            timings["ready_s"] = round(stack.wait_ready(dag.dag_id), 2)
+            timings["migrate_s"], timings["ready_s"] = session.launch(stack, dag.dag_id)
             self.say(
                 f"  stack ready {timings['ready_s']:.1f} s after launch "
                 f"(db migrate {timings['migrate_s']:.1f} s), "
                 f"api {stack.api}, scheduler pid {stack.scheduler_pid}"
             )
-            if self.opts.executor == "celery":
+            if o.executor == "celery":
                 celery_at_ready(run)
-            if name in BEFORE:
-                BEFORE[name](run)
-                time.sleep(1.0)  # let the scheduler's next sync see the dead worker
-            if name == "throughput":
-                cpu_roots = cputime.roots_of(stack, self.pg)
-                cpu_marks.append(cputime.take(cpu_roots))
+            sc.before(run)
             t0_wall = datetime.now(timezone.utc)
             run.watcher.start_clock()
             run.t0_wall = time.time()
-            if run.kill is not None and name in BEFORE:
-                run.kill.t = round(run.extra.pop("kill_monotonic") - run.watcher.t0, 2)
-                run.events.append(
-                    (run.kill.t, f"SIGKILL {run.kill.detail.split(';')[0]} (pid {run.kill.pid})")
-                )
-            if name in UI_POLL_SCENARIOS and self.opts.ui_poll:
-                # The run's page is open as the run starts: the CLI's trigger takes seconds to return.
-                poller = uipoll.UiPoller(stack.api, dag.dag_id, run.run_id, run.t)
-                poller.start()
-                run.event(
-                    f"UI poller: {len(poller.paths)} endpoints every {poller.interval:g} s, "
-                    f"token {poller.token_source or 'none'}"
-                )
+            sc.at_trigger(run)
             stack.airflow("dags", "trigger", dag.dag_id, "--run-id", run.run_id)
             run.event(
                 f"airflow dags trigger {dag.dag_id} --run-id {run.run_id} (returned after {run.t():.1f} s)",
                 0.0,
             )
-            watch = self._watch(run, failures)
+            watch = run.watch = self._watch(run, sc, failures)
             # The machine's 1-minute load average as the run ends: the figures are read beside it.
             run.extra["load"] = round(os.getloadavg()[0], 1)
-            if cpu_marks:
-                cpu_marks.append(cputime.take(cpu_roots))
+            sc.run_over(run)
             timings["run_s"] = round(watch.elapsed, 2) if watch.final else None
             timings["first_running_s"] = next(
                 (round(tr.t, 2) for tr in watch.transitions if tr.state == "running"), None
@@ -1325,140 +1538,54 @@ class ScenarioRunner:
             else:
                 run.event(f"deadline: run still {watch.run_state}", watch.elapsed)
             health = api.health()
-            h = _health_text(health)
-            run.event(f"health endpoint: {h}")
-            tasks = {ts.task_id: ts for ts in (watch.last.tasks.values() if watch.last else [])}
-            tis = _safe(partial(api.task_instances, dag.dag_id, run.run_id))
-            if tis:
-                tasks = {d["task_id"]: TaskSnap.from_api(d) for d in tis}
-            for task_id, ts in tasks.items():
-                if name == "scale":
-                    break  # its jobs' own records are the evidence: no API call per retried task
-                if ts.try_number > 1 or (run.kill and run.kill.task_id == task_id):
-                    tries[task_id] = _safe(partial(api.tries, dag.dag_id, run.run_id, task_id))
-            failures += (
-                []
-                if name == "scale"
-                else judge(
+            run.event(f"health endpoint: {_health_text(health)}")
+            run.tasks = {ts.task_id: ts for ts in (watch.last.tasks.values() if watch.last else [])}
+            run.tis = _safe(partial(api.task_instances, dag.dag_id, run.run_id))
+            if run.tis:
+                run.tasks = {d["task_id"]: TaskSnap.from_api(d) for d in run.tis}
+            if sc.judged:
+                for task_id, ts in run.tasks.items():
+                    if ts.try_number > 1 or (run.kill and run.kill.task_id == task_id):
+                        tries[task_id] = _safe(partial(api.tries, dag.dag_id, run.run_id, task_id))
+                failures += judge(
                     name,
                     watch,
                     deadline,
-                    tasks,
+                    run.tasks,
                     tries,
                     run.kill,
                     n_tasks=dag.n_tasks,
                     running_at_sigterm=run.extra.get("running_at_sigterm", ()),
                 )
-            )
             failures += run.failures
-            if name == "kill-orphan":
-                failures += measure_orphan(run, watch.final, watch.run_state)
-            if name == "throughput" and tis:
-                throughput_tis = tis
-                throughput_run = _safe_one(partial(api.run, dag.dag_id, run.run_id))
-            if name == "throughput":
-                left_running = _left_running(run, tis)
-            if name == "kill-idle-reader":
-                problem = sigterm_scheduler(run)
-                if problem:
-                    failures.append(problem)
-        except StackError as e:
-            failures.append(str(e))
-        except ToolError as e:
+            failures += sc.at_end(run)
+        except (StackError, ToolError) as e:
             failures.append(str(e))
         finally:
             run.done.set()
-            if poller is not None:
-                uipoll.write_records(home / uipoll.RECORDS_FILE, poller.stop())
+            sc.cleanup(run)
             try:
                 # a Ctrl-C goes straight to the stop, without waiting for the supervisors
-                if self.opts.executor == "celery" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+                if o.executor == "celery" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
                     failures += celery_at_end(run)
-                if trace is not None and run.watcher.t0 is not None:
-                    start, end = run.watcher.t0, time.monotonic()
-                    if watch and watch.final:
-                        end = run.watcher.t0 + watch.elapsed
-                    if len(cpu_marks) == 2:  # the executor's heartbeat CPU over the CPU window itself
-                        start, end = cpu_marks[0].t, cpu_marks[1].t
-                    if loops := looptrace.summarise(trace, start, end):
-                        run.extra["loops"] = loops.as_json()
-                        run.event(loops.text())
+                self._loops(run)
             finally:
                 # also on a Ctrl-C while the figures above are read: nothing of the stack stays up
-                stop_info = stack.stop()
-            api_logs = read_api_logs(home / "logs")
-            run.extra["pool_timeouts"] = component_pool_timeouts(home / "logs", api_logs)
+                run.stop_info = session.stop(stack, self.say)
+            run.api_logs = read_api_logs(home / "logs")
+            run.extra["pool_timeouts"] = component_pool_timeouts(home / "logs", run.api_logs)
             if any(run.extra["pool_timeouts"].values()):
                 run.event(
                     "database pool timeouts (the components' logs): "
                     + ", ".join(f"{k} {v}" for k, v in run.extra["pool_timeouts"].items())
                 )
-            if name == "queued-timeout":
-                requeued, failed = stuck_in_queued(home / "logs" / "scheduler.log")
-                run.extra["stuck_in_queued"] = {"requeued": requeued, "failed": failed}
-                run.event(f"stuck in queued (scheduler log): {requeued} requeued, {failed} failed")
-            if stop_info.get("leftover_pids_killed"):
-                self.say(f"  killed leftover processes: {stop_info['leftover_pids_killed']['pids']}")
-        if name == "scale":
-            failures += measure_scale(run, tasks, bool(watch and watch.final), stop_info)
-            self.say(
-                "\n"
-                + scale.table(
-                    f"scale: {dag.n_tasks} BashOperator jobs at parallelism {self.opts.parallelism}, "
-                    f"{self.opts.kills} worker kills, {self.opts.line.label}, {self.opts.db}",
-                    [
-                        (
-                            stage_label(self.opts.stage, self.opts.executor),
-                            run.extra["scale"],
-                            timings.get("run_s"),
-                        )
-                    ],
-                )
-            )
-        # where task-sdk's supervisor logs ("Workload finished", its client's retries): the executor's worker
-        supervisor_log = (
-            home / "logs" / ("celery-worker-1.log" if self.opts.executor == "celery" else "scheduler.log")
-        )
-        if throughput_tis:
-            # After the stop: a worker's supervisor logs "Workload finished" only once it returns,
-            # which for a stalled one is seconds after the run ended.
-            fig = throughput.figures(
-                throughput_tis,
-                throughput_run,
-                scheduler_log=supervisor_log,
-                min_heartbeat_interval=self.opts.min_heartbeat_interval,
-                api_log_text=api_logs[API_SERVERS[0]],
-            )
-            run.extra["throughput"] = fig.as_json()
-            run.extra["throughput_summary"] = fig.text()
-            run.event(f"throughput: {fig.text()}")
-            states = looptrace.scheduler_states(trace) if trace is not None else None
-            if slot_fig := slots.figures(throughput_tis, self.opts.parallelism, states):
-                run.extra["slots"] = slot_fig.as_json()
-                run.event(slot_fig.text())
-            if len(cpu_marks) == 2:
-                loops = run.extra.get("loops")
-                cpu = cputime.figures(
-                    cpu_marks[0],
-                    cpu_marks[1],
-                    cpu_roots,
-                    fig.ended,
-                    fig.tasks_per_s,
-                    executor_s=loops["heartbeat_cpu_s"] if loops else None,
-                )
-                run.extra["cpu"] = cpu.as_json()
-                run.extra["cpu_s"] = {k: round(v, 2) for k, v in cpu.cpu_s.items()}
-                run.extra["cpu_summary"] = cpu.text()
-                run.event(cpu.text())
-        if name == "throughput":
-            # After the stop: the access log has a line for every request once it ended.
-            _api_stall(run, home, poller, left_running, supervisor_log, api_logs)
-        span = max([watch.elapsed if watch else 0.0] + [t for t, _ in run.events] + [1.0])
-        t0_for_rows = t0_wall
+        failures += sc.after_stop(run)
+        ended = run.watch
+        span = max([ended.elapsed if ended else 0.0] + [t for t, _ in run.events] + [1.0])
         rows = rows_from_api(
-            [_ts_dict(ts) for ts in tasks.values()],
+            [_ts_dict(ts) for ts in run.tasks.values()],
             tries,
-            t0_for_rows,
+            t0_wall,
             marked=[run.kill.task_id] if run.kill and run.kill.task_id else [],
         )
         timeline = format_timeline(rows, run.events, span)
@@ -1473,37 +1600,46 @@ class ScenarioRunner:
         self.say(f"-- {name}: {'PASS' if passed else 'FAIL'}")
         for f in failures:
             self.say(f"   {f}")
-        if not passed:
-            for comp in ("scheduler",):
-                p = stack.procs.get(comp)
-                if p is not None:
-                    self.say(f"   last lines of {p.log}:\n{tail(p.log, 12)}")
+        if not passed and (p := stack.procs.get("scheduler")) is not None:
+            self.say(f"   last lines of {p.log}:\n{tail(p.log, 12)}")
         return ScenarioResult(
             name=name,
             passed=passed,
             failures=failures,
-            run_state=watch.run_state if watch else None,
-            final=bool(watch and watch.final),
+            run_state=ended.run_state if ended else None,
+            final=bool(ended and ended.final),
             timings=timings,
-            counts=(watch.last.count() if watch and watch.last else {}),
+            counts=(ended.last.count() if ended and ended.last else {}),
             kill=run.kill,
             events=run.events,
             health_at_end=health,
-            stop=stop_info,
+            stop=run.stop_info,
             timeline=timeline,
             logs=str(home / "logs"),
             extra=run.extra,
         )
 
-    def _watch(self, run: Run, failures: list[str]) -> WatchResult:
+    @staticmethod
+    def _loops(run: Run) -> None:
+        """The scheduler's loops from the trigger to the run's end (or the scenario's window)."""
+        if run.trace is None or run.watcher.t0 is None:
+            return
+        start, end = run.watcher.t0, time.monotonic()
+        if run.watch and run.watch.final:
+            end = run.watcher.t0 + run.watch.elapsed
+        start, end = run.window or (start, end)
+        if loops := looptrace.summarise(run.trace, start, end):
+            run.extra["loops"] = loops.as_json()
+            run.event(loops.text())
+
+    def _watch(self, run: Run, sc: Scenario, failures: list[str]) -> WatchResult:
         result: list[WatchResult] = []
         th = threading.Thread(
             target=lambda: result.append(run.watcher.watch(run.deadline, run.done)), daemon=True
         )
         th.start()
         try:
-            if run.name in DURING:
-                DURING[run.name](run)
+            sc.during(run)
             while th.is_alive():
                 th.join(0.5)
                 try:
@@ -1557,161 +1693,143 @@ def _health_text(h: Json | None) -> str:
 # -- the session ---------------------------------------------------------------------------------
 
 
-def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
-    """One invocation: the selected scenarios at ``opts.stage``, or at each of ``opts.compare``."""
-    from tools.measure.e2e.venv import AirflowVenv
+class E2e:
+    """The e2e as the session runner's workload: the selected scenarios at each stage, that stage's
+    executor installed in turn."""
 
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    workdir = opts.out / stamp
-    workdir.mkdir(parents=True, exist_ok=True)
-    if opts.db == "sqlite" and opts.parallelism > 16:
-        say(
-            f"warning: SQLite at parallelism {opts.parallelism}: "
-            "the scheduler may die with 'database is locked'"
+    def __init__(self, opts: Options):
+        self.opts = opts
+        self.out = opts.out
+        self.needs = session.Needs(
+            postgres=opts.db == "postgres", redis=opts.executor == "celery", trace_loops=traces_loops(opts)
         )
-    venv = AirflowVenv(opts.line, opts.out, say, celery=opts.executor == "celery", core=opts.release)
-    venv.ensure()
-    site = venvs.purelib(venv.python) if traces_loops(opts) else None
-    stages = opts.compare or [opts.stage]
-    reports: list[Json] = []
-    pg: Postgres | None = None
-    redis: Redis | None = None
-    t_session = time.monotonic()
-    try:
-        if site is not None:
-            looptrace.install(site)
-        if opts.db == "postgres":
-            pg = Postgres(say)
-            pg.start()
-            say(f"postgres {pg.bindir.parent.name} on 127.0.0.1:{pg.port}, data in {pg.root}")
-        if opts.executor == "celery":
-            redis = Redis(say)
-            redis.start()
-            say(f"redis-server ({redis.binary}) on 127.0.0.1:{redis.port}, config {redis.config}")
-        for n in range(opts.rounds if opts.compare else 1):
-            for stage in stages:
-                label = stage_label(stage, opts.executor)
-                sub = workdir if len(stages) == 1 else workdir / label.replace(" ", "-")
-                if opts.rounds > 1:
-                    sub = sub.with_name(f"{sub.name}-round{n + 1}")
-                    say(f"\n#### round {n + 1} of {opts.rounds}: {label}")
-                reports.append(
-                    _stage_session(
-                        replace(opts, stage=stage), venv, sub, stamp, pg, say, redis.url if redis else None
-                    )
-                )
-    finally:
-        if redis is not None:
-            redis.stop()
-        if pg is not None:
-            pg.stop()
-        if site is not None:
-            looptrace.uninstall(site)
-    passed = all(r["passed"] for r in reports)
-    if len(stages) == 1:
-        path = workdir / "report.json"
-    else:
-        path = workdir / "compare.json"
-        tables = compare_tables(opts, reports)
-        combined = {
-            "compare_stages": [stage_label(s, opts.executor) for s in stages],
-            "rounds": opts.rounds,
+
+    def stages(self, workdir: Path) -> list[session.Stage]:
+        o = self.opts
+        label = partial(stage_label, executor=o.executor)
+        return session.plan(
+            workdir, o.compare or [o.stage], label, o.rounds if o.compare else 1, nest_single=False
+        )
+
+    def venv(self, say: Callable[[str], None]) -> AirflowVenv:
+        from tools.measure.e2e.venv import AirflowVenv
+
+        o = self.opts
+        return AirflowVenv(o.line, o.out, say, celery=o.executor == "celery", core=o.release)
+
+    def begin(self, say: Callable[[str], None]) -> None:
+        if self.opts.db == "sqlite" and self.opts.parallelism > 16:
+            say(
+                f"warning: SQLite at parallelism {self.opts.parallelism}: "
+                "the scheduler may die with 'database is locked'"
+            )
+
+    def run_stage(self, st: session.Stage, shared: session.Shared, say: Callable[[str], None]) -> Json:
+        """The selected scenarios with ``st.stage``'s executor installed; returns that stage's report."""
+        from tools.measure.e2e.venv import resolve_source
+
+        opts = replace(self.opts, stage=st.stage)
+        venv, workdir = shared.venv, st.home
+        workdir.mkdir(parents=True, exist_ok=True)
+        if opts.executor == "package":
+            source = venv.install_package(opts.out / "dist")
+            how = (
+                f"uv pip install beside apache-airflow-core {opts.release} and task-sdk {opts.task_sdk} "
+                "(Airflow's files checked: as released)"
+            )
+        elif opts.install == "wheels" and opts.stage is None:
+            source = venv.install_wheels(opts.out / "wheels")
+            how = f"uv pip install --no-deps of the patched wheels ({source.origin})"
+        elif opts.executor == "celery":
+            source = venv.install_supervisor(fixed=opts.stage is None)
+            how = source.origin if opts.stage is None else "pinned bases (restored)"
+        else:
+            source = resolve_source(opts.line, opts.stage, opts.supervisor, opts.release)
+            how = venv.install_executor(source)
+        say(
+            f"e2e {opts.line.name} (apache-airflow {opts.release}, task-sdk {opts.task_sdk}): "
+            f"executor = {source.label}, sha256 {source.sha256[:12]}, installed via {how}; "
+            f"db {opts.db}; parallelism {opts.parallelism}; "
+            f"{pool_text(opts)}" + "".join(f"; {name}={value}" for name, value in opts.airflow_env.items())
+        )
+        t_stage = time.monotonic()
+        runner = ScenarioRunner(
+            opts, venv.path, workdir, shared.pg, say, shared.redis.url if shared.redis else None
+        )
+        try:
+            results = [runner.run(name) for name in opts.scenarios]
+        finally:
+            if opts.executor == "package":
+                venv.uninstall_package()
+        report = {
+            "line": opts.line.name,
+            "version": opts.release,
+            "task_sdk": opts.task_sdk,
+            "stage": opts.stage,
+            "executor_kind": opts.executor,
+            "executor": {
+                "label": source.label,
+                "sha256": source.sha256,
+                "sources_sha256": {
+                    path: hashlib.sha256(data).hexdigest() for path, data in source.sources.items()
+                },
+                "origin": source.origin,
+                "installed_via": how,
+            },
+            "db": opts.db,
+            "parallelism": opts.parallelism,
+            "tasks": opts.tasks if "throughput" in opts.scenarios else None,
+            "deadline_s": opts.deadline,
+            "stop_bound_s": opts.stop_bound,
+            "task_seconds": opts.task_seconds,
+            "min_heartbeat_interval": opts.min_heartbeat_interval,
             "db_pool": {name: pool_settings(opts, name) for name in opts.scenarios},
             "airflow_env": opts.airflow_env,
-            "started": stamp,
-            "session_s": round(time.monotonic() - t_session, 1),
-            "passed": passed,
-            "tables": tables,
-            "cpu_per_task": {
-                name: [r.as_json() for r in rows]
-                for name in opts.scenarios
-                if (rows := cpu_rows(opts, reports, name))
-            },
-            "stages": reports,
+            "started": shared.stamp,
+            "session_s": round(time.monotonic() - t_stage, 1),
+            "passed": all(r.passed for r in results),
+            "scenarios": [asdict(r) for r in results],
         }
-        path.write_text(json.dumps(combined, indent=2, default=str) + "\n")
-        (opts.out / "report.json").write_text(path.read_text())
-        for text in tables.values():
-            say("\n" + text)
-    say(f"report: {LAYOUT.rel(path)} (also {LAYOUT.rel(opts.out / 'report.json')})")
-    return 0 if passed else 1
+        session.write_report(workdir / "report.json", report, also=opts.out / "report.json")
+        say("\n" + summary_table(opts, source.label, results))
+        return report
+
+    def finish(
+        self, shared: session.Shared, reports: list[Json], session_s: float, say: Callable[[str], None]
+    ) -> int:
+        """One stage: its report is the session's; more: ``compare.json`` with the comparison tables."""
+        opts = self.opts
+        passed = all(r["passed"] for r in reports)
+        path = shared.workdir / "report.json"
+        if opts.compare:
+            path = shared.workdir / "compare.json"
+            tables = compare_tables(opts, reports)
+            combined = {
+                "compare_stages": [stage_label(s, opts.executor) for s in opts.compare],
+                "rounds": opts.rounds,
+                "db_pool": {name: pool_settings(opts, name) for name in opts.scenarios},
+                "airflow_env": opts.airflow_env,
+                "started": shared.stamp,
+                "session_s": session_s,
+                "passed": passed,
+                "tables": tables,
+                "cpu_per_task": {
+                    name: [r.as_json() for r in rows]
+                    for name in opts.scenarios
+                    if (rows := cpu_rows(opts.executor, reports, name))
+                },
+                "stages": reports,
+            }
+            session.write_report(path, combined, also=opts.out / "report.json")
+            for text in tables.values():
+                say("\n" + text)
+        say(session.report_line(path, opts.out / "report.json"))
+        return 0 if passed else 1
 
 
-def _stage_session(
-    opts: Options,
-    venv: AirflowVenv,
-    workdir: Path,
-    stamp: str,
-    pg: Postgres | None,
-    say: Callable[[str], None],
-    broker_url: str | None = None,
-) -> Json:
-    """The selected scenarios with ``opts.stage``'s executor installed; returns that stage's report."""
-    from tools.measure.e2e.venv import resolve_source
-
-    workdir.mkdir(parents=True, exist_ok=True)
-    if opts.executor == "package":
-        source = venv.install_package(opts.out / "dist")
-        how = (
-            f"uv pip install beside apache-airflow-core {opts.release} and task-sdk {opts.task_sdk} "
-            "(Airflow's files checked: as released)"
-        )
-    elif opts.install == "wheels" and opts.stage is None:
-        source = venv.install_wheels(opts.out / "wheels")
-        how = f"uv pip install --no-deps of the patched wheels ({source.origin})"
-    elif opts.executor == "celery":
-        source = venv.install_supervisor(fixed=opts.stage is None)
-        how = source.origin if opts.stage is None else "pinned bases (restored)"
-    else:
-        source = resolve_source(opts.line, opts.stage, opts.supervisor, opts.release)
-        how = venv.install_executor(source)
-    say(
-        f"e2e {opts.line.name} (apache-airflow {opts.release}, task-sdk {opts.task_sdk}): "
-        f"executor = {source.label}, "
-        f"sha256 {source.sha256[:12]}, installed via {how}; db {opts.db}; parallelism {opts.parallelism}; "
-        f"{pool_text(opts)}" + "".join(f"; {name}={value}" for name, value in opts.airflow_env.items())
-    )
-    t_session = time.monotonic()
-    runner = ScenarioRunner(opts, venv.path, workdir, pg, say, broker_url)
-    try:
-        results = [runner.run(name) for name in opts.scenarios]
-    finally:
-        if opts.executor == "package":
-            venv.uninstall_package()
-    report = {
-        "line": opts.line.name,
-        "version": opts.release,
-        "task_sdk": opts.task_sdk,
-        "stage": opts.stage,
-        "executor_kind": opts.executor,
-        "executor": {
-            "label": source.label,
-            "sha256": source.sha256,
-            "sources_sha256": {
-                path: hashlib.sha256(data).hexdigest() for path, data in source.sources.items()
-            },
-            "origin": source.origin,
-            "installed_via": how,
-        },
-        "db": opts.db,
-        "parallelism": opts.parallelism,
-        "tasks": opts.tasks if "throughput" in opts.scenarios else None,
-        "deadline_s": opts.deadline,
-        "stop_bound_s": opts.stop_bound,
-        "task_seconds": opts.task_seconds,
-        "min_heartbeat_interval": opts.min_heartbeat_interval,
-        "db_pool": {name: pool_settings(opts, name) for name in opts.scenarios},
-        "airflow_env": opts.airflow_env,
-        "started": stamp,
-        "session_s": round(time.monotonic() - t_session, 1),
-        "passed": all(r.passed for r in results),
-        "scenarios": [asdict(r) for r in results],
-    }
-    path = workdir / "report.json"
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (opts.out / "report.json").write_text(path.read_text())
-    say("\n" + summary_table(opts, source.label, results))
-    return report
+def run_session(opts: Options, say: Callable[[str], None] = print) -> int:
+    """One invocation: the selected scenarios at ``opts.stage``, or at each of ``opts.compare``."""
+    return session.run(E2e(opts), say)
 
 
 def _stage_runs(reports: Sequence[Json], name: str) -> list[tuple[int | None, list[Json | None], list[Json]]]:
@@ -1727,11 +1845,11 @@ def _stage_runs(reports: Sequence[Json], name: str) -> list[tuple[int | None, li
     return out
 
 
-def cpu_rows(opts: Options, reports: Sequence[Json], name: str) -> list[cputime.CpuRow]:
+def cpu_rows(executor: str, reports: Sequence[Json], name: str) -> list[cputime.CpuRow]:
     """Per stage, the medians of the CPU figures of its passed runs of ``name``; empty if no run has them."""
     rows = [
         cputime.median_row(
-            stage_label(stage, opts.executor),
+            stage_label(stage, executor),
             [cputime.CpuFigures.from_json(sc["extra"]["cpu"]) for sc in ok if sc["extra"].get("cpu")],
         )
         for stage, _, ok in _stage_runs(reports, name)
@@ -1805,7 +1923,7 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
                 out[f"{name} slots"] = slots.compare(
                     slot_rows, f"{name}: where the slots' time goes (slots.py)"
                 )
-            if cpu := cpu_rows(opts, reports, name):
+            if cpu := cpu_rows(opts.executor, reports, name):
                 out[f"{name} cpu"] = cputime.compare(
                     cpu,
                     f"{name}: CPU per finished task and the ceiling it sets on this machine; "
@@ -1815,8 +1933,7 @@ def compare_tables(opts: Options, reports: Sequence[Json]) -> dict[str, str]:
             out[f"{name} loops"] = looptrace.compare(traced, f"{name}: the scheduler's loops (loop trace)")
         if table := api_stall_table(opts, reports, name):
             out[f"{name} api"] = table
-        if name == "scale":
-            out[name] = scale_table(opts, reports)
+        out.update(SCENARIOS[name]().compare(opts, reports))
     return out
 
 

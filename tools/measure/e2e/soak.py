@@ -24,8 +24,10 @@ the tasks' records name, stops the stack, and ``soak_check.check`` judges the hi
 (``build/e2e/<stamp>/soak.json``) lists each violation with its evidence; the table gives tasks
 completed, faults by kind, violations by invariant, per stage.
 
-Every process the session starts leads its own session and is stopped by pid (``AirflowStack.stop``,
-``Postgres.stop``) in ``finally`` blocks that a second Ctrl-C or a SIGTERM cannot interrupt.
+The session around the stages (the venv, the loop trace hook, PostgreSQL, the signals, the
+report) is ``tools.measure.e2e.session``'s, the e2e's too: every process it starts leads its own
+session and is stopped by pid (``AirflowStack.stop``, ``Postgres.stop``) in ``finally`` blocks
+that a second Ctrl-C or a SIGTERM cannot interrupt.
 """
 
 from __future__ import annotations
@@ -36,21 +38,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tools.engine import venvs
-from tools.measure.e2e import looptrace, procfs, soak_check, soak_faults
+from tools.measure.e2e import looptrace, procfs, session, soak_check, soak_faults
 from tools.measure.e2e.cli import parse_stages
 from tools.measure.e2e.driver import DAGS_DIR, POOL_HEADROOM, stage_label
 from tools.measure.e2e.soak_check import Incarnation, LeftAlive, TiRow, Verdict, Violation
@@ -59,6 +57,9 @@ from tools.measure.e2e.stack import AirflowStack, Postgres, StackConfig, StackEr
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT as LAYOUT
+
+if TYPE_CHECKING:
+    from tools.measure.e2e.venv import AirflowVenv
 
 DAG_FILE = DAGS_DIR / "lepatch_e2e_soak.py"
 DAG_ID = "lepatch_e2e_soak"
@@ -152,17 +153,6 @@ def title_of(pid: int) -> str:
         return procfs.cmdline(pid)[:80]
     except procfs.ProcGone:
         return "gone"
-
-
-@contextlib.contextmanager
-def shielded() -> Iterator[None]:
-    """Let a cleanup finish: neither Ctrl-C nor SIGTERM interrupts it (they are ignored meanwhile)."""
-    before = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in before.items():
-            signal.signal(s, h)
 
 
 # -- one stage ---------------------------------------------------------------------------------
@@ -452,8 +442,7 @@ class StageSoak:
     def run(self) -> None:
         res = self.result
         try:
-            self.stack.launch()
-            ready = self.stack.wait_ready(DAG_ID, READY_TIMEOUT_S)
+            _, ready = session.launch(self.stack, DAG_ID, READY_TIMEOUT_S)
             sched = self.stack.procs["scheduler"]
             self.incarnations.append(Incarnation(sched.pid, sched.started, 0.0, "end of soak"))
             self.t0 = time.monotonic()
@@ -493,12 +482,10 @@ class StageSoak:
             res.error = str(e)
             self.say(f"  error: {e}")
         finally:
-            with shielded():
+            with session.shielded():
                 self.stop_triggers.set()
                 self._resume_api()
-                stop = self.stack.stop()
-                if stop.get("leftover_pids_killed"):
-                    self.say(f"  stack stop killed leftovers: {stop['leftover_pids_killed']['pids']}")
+            session.stop(self.stack, self.say)
 
     def _drain(self) -> float | None:
         deadline = time.monotonic() + self.opts.drain
@@ -555,75 +542,77 @@ class StageSoak:
 # -- the session -------------------------------------------------------------------------------
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+class Soak:
+    """The soak as the session runner's workload: every stage with the same fault schedule, on the
+    session's PostgreSQL, the scheduler's loops traced (the loop-blocked invariant reads them)."""
+
+    needs = session.Needs(postgres=True, trace_loops=True)
+
+    def __init__(self, opts: SoakOptions):
+        self.opts = opts
+        self.out = opts.out
+        self.schedule = soak_faults.schedule(opts.seed, opts.duration, opts.rates)
+
+    def stages(self, workdir: Path) -> list[session.Stage]:
+        return session.plan(workdir, self.opts.stages, stage_label)
+
+    def venv(self, say: Callable[[str], None]) -> AirflowVenv:
+        from tools.measure.e2e.venv import AirflowVenv
+
+        return AirflowVenv(self.opts.line, self.opts.out, say)
+
+    def begin(self, say: Callable[[str], None]) -> None:
+        o = self.opts
+        rates = ", ".join(f"{k} {v:.3g}/min" for k, v in o.rates.items())
+        say(
+            f"soak {o.line.name} ({o.line.version}), postgres, parallelism {o.parallelism}, "
+            f"{o.duration:g} s, a run of {TASKS_PER_RUN} tasks every {o.run_interval:g} s, seed {o.seed}: "
+            f"{len(self.schedule)} faults scheduled ({rates}; "
+            + ", ".join(f"{k} {n}" for k, n in soak_faults.counts(self.schedule).items())
+            + ")"
+        )
+
+    def run_stage(self, st: session.Stage, shared: session.Shared, say: Callable[[str], None]) -> StageResult:
+        from tools.measure.e2e.venv import resolve_source
+
+        assert shared.pg is not None
+        source = resolve_source(self.opts.line, st.stage)
+        how = shared.venv.install_executor(source)
+        say(f"\n== {st.label}: {source.label}, sha256 {source.sha256[:12]}, via {how}")
+        res = StageResult(st.label, st.stage, source.sha256, home=str(st.home))
+        StageSoak(self.opts, shared.venv.path, st.home, shared.pg, self.schedule, res, say).run()
+        say(stage_text(res))
+        return res
+
+    def finish(
+        self, shared: session.Shared, results: list[StageResult], session_s: float, say: Callable[[str], None]
+    ) -> int:
+        o = self.opts
+        report = {
+            "line": o.line.name,
+            "version": o.line.version,
+            "seed": o.seed,
+            "duration_s": o.duration,
+            "parallelism": o.parallelism,
+            "run_interval_s": o.run_interval,
+            "drain_s": o.drain,
+            "loop_bound_s": o.loop_bound,
+            "stop_bound_s": o.stop_bound,
+            "rates_per_min": o.rates,
+            "schedule": [f.as_json() for f in self.schedule],
+            "stages": [r.as_json() for r in results],
+        }
+        path = shared.workdir / "soak.json"
+        session.write_report(path, report)
+        say("\n" + figures_table(o, results))
+        say(session.report_line(path))
+        # Only the series is judged: the release's violations are what the soak shows it fixes.
+        ok = all(r.verdict and not r.verdict.violations and not r.error for r in results if r.stage is None)
+        return 0 if ok else 1
 
 
 def run_soak(opts: SoakOptions, say: Callable[[str], None] = print) -> int:
-    from tools.measure.e2e.venv import AirflowVenv, resolve_source
-
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    workdir = opts.out / stamp
-    workdir.mkdir(parents=True, exist_ok=True)
-    schedule = soak_faults.schedule(opts.seed, opts.duration, opts.rates)
-    rates = ", ".join(f"{k} {v:.3g}/min" for k, v in opts.rates.items())
-    say(
-        f"soak {opts.line.name} ({opts.line.version}), postgres, parallelism {opts.parallelism}, "
-        f"{opts.duration:g} s, a run of {TASKS_PER_RUN} tasks every {opts.run_interval:g} s, "
-        f"seed {opts.seed}: "
-        f"{len(schedule)} faults scheduled ({rates}; "
-        + ", ".join(f"{k} {n}" for k, n in soak_faults.counts(schedule).items())
-        + ")"
-    )
-    venv = AirflowVenv(opts.line, opts.out, say)
-    venv.ensure()
-    site = venvs.purelib(venv.python)
-    results: list[StageResult] = []
-    pg: Postgres | None = None
-    old = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        looptrace.install(site)
-        pg = Postgres(say)
-        pg.start()
-        for stage in opts.stages:
-            label = stage_label(stage)
-            source = resolve_source(opts.line, stage)
-            how = venv.install_executor(source)
-            home = workdir / label.replace(" ", "-")
-            say(f"\n== {label}: {source.label}, sha256 {source.sha256[:12]}, via {how}")
-            res = StageResult(label, stage, source.sha256, home=str(home))
-            results.append(res)
-            StageSoak(opts, venv.path, home, pg, schedule, res, say).run()
-            say(stage_text(res))
-    finally:
-        with shielded():
-            if pg is not None:
-                pg.stop()
-            looptrace.uninstall(site)
-        signal.signal(signal.SIGTERM, old)
-    report = {
-        "line": opts.line.name,
-        "version": opts.line.version,
-        "seed": opts.seed,
-        "duration_s": opts.duration,
-        "parallelism": opts.parallelism,
-        "run_interval_s": opts.run_interval,
-        "drain_s": opts.drain,
-        "loop_bound_s": opts.loop_bound,
-        "stop_bound_s": opts.stop_bound,
-        "rates_per_min": opts.rates,
-        "schedule": [f.as_json() for f in schedule],
-        "stages": [r.as_json() for r in results],
-    }
-    path = workdir / "soak.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    say("\n" + figures_table(opts, results))
-    say(f"report: {LAYOUT.rel(path)}")
-    return (
-        0
-        if all(r.verdict and not r.verdict.violations and not r.error for r in results if r.stage is None)
-        else 1
-    )
+    return session.run(Soak(opts), say)
 
 
 def stage_text(res: StageResult, limit: int = 25) -> str:
@@ -788,11 +777,7 @@ def _stage(text: str) -> int:
 
 
 def _cmd_soak(args: argparse.Namespace) -> int:
-    try:
-        return run_soak(options_from(args))
-    except KeyboardInterrupt:
-        print("interrupted; every started process was stopped", file=sys.stderr)
-        return 130
+    return run_soak(options_from(args))
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
