@@ -216,11 +216,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=LAYOUT.build / "e2e")
 
 
-def options_from(args: argparse.Namespace) -> Options:
+def line_of(name: str) -> pins.Line:
+    """``--line``: a release line or pinned version; one line naming the lines otherwise."""
     try:
-        line = pins.get_line(args.line)
+        return pins.get_line(name)
     except KeyError as e:
         raise ToolError(str(e.args[0])) from None
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    line = line_of(args.line)
     if args.stage is not None and args.stage < 0:
         raise ToolError(f"--stage must be >= 0, got {args.stage}")
     if args.parallelism < 2:
@@ -353,13 +358,20 @@ def check_celery(args: argparse.Namespace, compare: list[int | None], db: str) -
 
 def parse_supervisor(text: str | None) -> int | str | None:
     """``--supervisor``: a stage number, None for the series ('full'), or "" when not given."""
-    if text is None:
-        return ""
+    return "" if text is None else parse_stage(text, "--supervisor")
+
+
+def parse_stage(text: str, flag: str) -> int | None:
+    """A stage number, or ``full`` (``series``) for the series overlay (None); one line otherwise."""
     if text in ("full", "series"):
         return None
-    if not text.isdigit():
-        raise ToolError(f"--supervisor: {text!r} is neither a stage number nor 'full'")
-    return int(text)
+    try:
+        stage = int(text)
+    except ValueError:
+        raise ToolError(f"{flag}: {text!r} is neither a stage number nor 'full'") from None
+    if stage < 0:
+        raise ToolError(f"{flag}: stage must be >= 0, got {stage}")
+    return stage
 
 
 def parse_db_pool(text: str) -> str:
@@ -393,15 +405,7 @@ def parse_stages(text: str) -> list[int | None]:
     """``"0,9"`` -> [0, 9]; ``full`` (or ``series``) is the series overlay (None). At least two."""
     out: list[int | None] = []
     for part in (p.strip() for p in text.split(",")):
-        if part in ("full", "series"):
-            stage: int | None = None
-        else:
-            try:
-                stage = int(part)
-            except ValueError:
-                raise ToolError(f"--compare-stages: {part!r} is neither a stage number nor 'full'") from None
-            if stage < 0:
-                raise ToolError(f"--compare-stages: stage must be >= 0, got {stage}")
+        stage = parse_stage(part, "--compare-stages")
         if stage in out:
             raise ToolError(f"--compare-stages: {part} given twice")
         out.append(stage)
@@ -446,10 +450,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def _cmd_e2e_lock(args: argparse.Namespace) -> int:
     from tools.measure.e2e import lock  # needs the index; the e2e session itself does not
 
-    try:
-        lines = [pins.get_line(name) for name in args.line] if args.line else list(pins.LINES)
-    except KeyError as e:
-        raise ToolError(str(e.args[0])) from None
+    lines = [line_of(name) for name in args.line] if args.line else list(pins.LINES)
     if args.core is not None:
         if len(lines) != 1:
             raise ToolError("e2e-lock --core needs exactly one --line")

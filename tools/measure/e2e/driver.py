@@ -4,71 +4,11 @@ For each scenario the driver starts a fresh stack on loopback (``tools.measure.e
 then api-server, scheduler and dag-processor as separate processes, LocalExecutor, SQLite or
 PostgreSQL), triggers ``tests/e2e/dags/lepatch_e2e.py`` (30 short tasks, ``retries=1``) with the
 CLI, polls the REST API until the run is final or its deadline passes (``tools.measure.e2e.watch``),
-prints a timeline (``tools.measure.e2e.timeline``) and judges the outcome:
-
-clean
-    The run succeeds, every task on its first try.
-kill-running
-    A worker is SIGKILLed while its task runs (the API says ``running``, the task process is
-    the worker's child). The run must still end within the deadline, the killed task failed
-    and retried rather than left ``running``, every other task successful.
-kill-queued
-    A worker is SIGKILLed after it took a workload but before the task started, so the task
-    instance is still ``queued``. How that instant is caught deterministically: the driver polls
-    each worker's proctitle in /proc every millisecond; a worker's title changes from
-    ``<idle>`` to the task instance id right after ``input.get()`` returned. The driver then
-    SIGSTOPs it at once (every worker that took one since its last pass, before it looks at any:
-    at parallelism 32 the whole DAG arrives in one wave) and, once they are really stopped, looks
-    for a child: the supervisor forks the task process *before* it tells the API server the task
-    started, so a stopped worker with no child has provably not started its task. One such
-    worker is SIGKILLed. The others get SIGCONT, and if every one already had a child the driver
-    waits for the next workload (30 chances per run).
-    The key must then be failed or re-dispatched, never left ``queued``.
-kill-idle-reader
-    Before the trigger, the idle worker that holds the input queue's read lock (its wchan is a
-    pipe read while the other idle workers sleep on a futex) is SIGKILLed. Every task must still
-    run, and afterwards SIGTERM must stop the scheduler within ``--stop-bound`` seconds.
-sigterm-running
-    Once at least ``min(parallelism, 4)`` workers each have a task process (tasks running), the
-    scheduler is SIGTERMed, as a deploy or ``kill`` does. It must exit within ``--stop-bound``
-    seconds, and no process it had below it then (workers, task processes, what they started), nor
-    any process left in its workers' sessions, may be alive once it has exited (checked by pid;
-    whatever is left is named, then killed). The scheduler is then started again, as an operator
-    would, and the run must end ``success``, every task that was running at the SIGTERM on its
-    first try: ``end()`` lets a running task finish. A task queued but not started may run as try
-    2 (the new scheduler resets what the old one had queued).
-kill-orphan
-    Its own DAG, ``tests/e2e/dags/lepatch_e2e_orphan.py``: one task (``retries=1``, retry in 5 s)
-    that appends ``<try> <pid> <time>`` to a marks file (``LEPATCH_E2E_MARKS``) once a second for
-    40 s and writes no log meanwhile. Once try 1 has written two marks, the worker running it is
-    SIGKILLed. The driver then waits for a final run state (at least 150 s) and for try 1's task
-    process to be gone, and reads the marks (``tools.measure.e2e.orphan``): how long try 1 went on
-    marking after the kill, when try 2 began, and how long both were marking at once. It passes
-    only if they never overlapped and the run ended ``success``. Not in the default set (it adds
-    a minute and a half, and runs into its deadline on the unpatched base, which retries only
-    after the task heartbeat timeout): ask for it with ``--scenario kill-orphan``.
-throughput
-    Its own DAG, ``tests/e2e/dags/lepatch_e2e_throughput.py``: ``--tasks`` (default 200) no-op
-    PythonOperator tasks, ``max_active_tasks`` as high, nothing killed. It passes when the run
-    succeeds with every task on its first try; what it is for are its figures
-    (``tools.measure.e2e.throughput``): wall time from the first task queued to the last one ended,
-    tasks/s, and the queued-to-start (and scheduled-to-start) p50/p95 of the task instances; and
-    (``tools.measure.e2e.cputime``) each component's CPU per finished task between the trigger and
-    the run's end, the tasks/s ceiling that sets on this machine's cores, and the executor's own CPU
-    per task (its ``heartbeat()``'s, from the loop trace, always on here).
-    ``[scheduler] task_queued_timeout`` is 600 s there (30 s otherwise): the unpatched base's
-    queue gets deeper than 30 s, and a requeue would change what is measured; with SQLite a
-    connection waits up to 60 s for the database lock (5 s otherwise). Not in the default set:
-    ask for it with ``--scenario throughput``, e.g. ``--tasks 200 --parallelism 16``.
-queued-timeout
-    Its own DAG, ``tests/e2e/dags/lepatch_e2e_long.py``: twice ``--parallelism`` tasks of 80 s
-    (``retries=0``) with ``[scheduler] task_queued_timeout`` 15 s, checked every 5 s. What is
-    queued behind the first wave waits a whole task for a worker, so the scheduler's
-    stuck-in-queued check revokes it and sets it back to scheduled; the third time it fails it. The
-    run passes when it succeeds, every task on its first try; the scheduler log's requeues and
-    failures by that check are reported. With the series each dispatch holds a slot and nothing is
-    taken beyond them, so what waits for a worker stays scheduled, not queued. Not in the default set
-    (about three minutes): ask for it with ``--scenario queued-timeout --parallelism 2``.
+prints a timeline (``tools.measure.e2e.timeline``) and judges the outcome. Each scenario is a
+``Scenario`` below, its docstring what it does and checks; ``clean``, ``kill-running``,
+``kill-queued``, ``kill-idle-reader`` and ``sigterm-running`` run, in that order, when no
+``--scenario`` is given. The session around them (the venv, the servers, the stages, the signals)
+is ``tools.measure.e2e.session``'s, the soak's too.
 
 The throughput scenario runs at Airflow's own database pool (no pool setting in the stack's
 environment: 5 + 10 per engine, SQLAlchemy's 30 s pool_timeout), what operators run; the other
@@ -85,9 +25,6 @@ endpoints every 3 s with the UI's token; ``--no-ui-poll`` turns it off), and eac
 what issue 52 is about (``tools.measure.e2e.apistall``): api-server requests of 5 s or more and the
 longest, the poller's longest, task starts sent more than once, task instances left ``running``
 with no process; ``--compare-stages`` prints them one row per round, the stages side by side.
-
-kill-queued at parallelism 30 or more runs the throughput DAG (4 x parallelism no-op tasks): the
-main DAG would reach every worker in one wave.
 
 ``--compare-stages 0,9`` runs the selected scenarios once per stage (``full`` = the series
 overlay) in one invocation, each stage's executor installed in turn, and ends with a table of
@@ -1130,8 +1067,11 @@ def celery_at_end(run: Run) -> list[str]:
 
 class Scenario:
     """One scenario: the DAG, deadline and stack settings it needs, what it does to the run and what
-    it checks beyond ``judge``'s verdict. The runner makes one per run, so what a scenario gathers
-    while the run goes stays its own; every hook takes the run's live context."""
+    it checks beyond ``judge``'s verdict. The runner makes one per run (what it gathers stays its own)
+    and calls, in order: ``configure`` (the stack's settings), ``before`` (the stack ready),
+    ``at_trigger`` (the run's clock started), ``during`` (while the watcher polls), ``run_over`` (the
+    run final or past its deadline), ``at_end`` (after the verdict, the stack up), ``cleanup`` (always,
+    before the stop), ``after_stop`` (the logs complete); ``at_end`` and ``after_stop`` return failures."""
 
     name: ClassVar[str]
     default: ClassVar[bool] = True  # run when no --scenario is given
@@ -1141,63 +1081,68 @@ class Scenario:
     judged: ClassVar[bool] = True  # by judge() from the API's task states, with each retried task's tries
 
     def dag(self, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
-        """The DAG it triggers (``tasks``: --tasks)."""
         return MAIN_DAG
 
     def deadline(self, deadline: float, tasks: int = DEFAULT_TP_TASKS) -> float:
-        """Its deadline: --deadline, or more where the scenario needs it."""
         return deadline
 
     def env(self, dag: DagSpec, home: Path) -> dict[str, str]:
-        """What its DAG needs in the stack's environment."""
         return {TP_TASKS_ENV: str(dag.n_tasks)} if dag.file == THROUGHPUT_DAG_FILE else {}
 
-    def configure(self, cfg: StackConfig) -> None:
-        """Its stack's settings beyond the session's."""
-
     def title(self, dag: DagSpec, kills: int) -> str:
-        """What its header line says of its size, before the database."""
-        return ""
+        return ""  # its size in its header line
 
-    def before(self, run: Run) -> None:
-        """Once the stack is ready, before the trigger."""
+    def configure(self, cfg: StackConfig) -> None: ...
 
-    def at_trigger(self, run: Run) -> None:
-        """As the run's clock starts, before the trigger."""
+    def before(self, run: Run) -> None: ...
+
+    def at_trigger(self, run: Run) -> None: ...
 
     @staticmethod
-    def during(run: Run) -> None:
-        """While the run goes (the watcher polls it in a thread of its own)."""
+    def during(run: Run) -> None: ...
 
-    def run_over(self, run: Run) -> None:
-        """As soon as the run is final (or its deadline passed)."""
+    def run_over(self, run: Run) -> None: ...
 
     def at_end(self, run: Run) -> list[str]:
-        """After the verdict, the stack still up: what else failed."""
         return []
 
-    def cleanup(self, run: Run) -> None:
-        """Before the stack stops, whatever happened: stop what the scenario started itself."""
+    def cleanup(self, run: Run) -> None: ...
 
     def after_stop(self, run: Run) -> list[str]:
-        """Once the stack is stopped (its logs complete): what failed."""
         return []
 
     def compare(self, opts: Options, reports: Sequence[Json]) -> dict[str, str]:
-        """Its own tables at the end of a --compare-stages session, by name."""
-        return {}
+        return {}  # its own tables at the end of a --compare-stages session
 
 
 class Clean(Scenario):
+    """The run succeeds, every task on its first try."""
+
     name = "clean"
 
 
 class KillRunning(Scenario):
+    """A worker is SIGKILLed while its task runs (the API says ``running``, the task process is
+    the worker's child). The run must still end within the deadline, the killed task failed
+    and retried rather than left ``running``, every other task successful."""
+
     name = "kill-running"
     during = staticmethod(kill_running)
 
 
 class KillQueued(Scenario):
+    """A worker is SIGKILLed after it took a workload but before the task started, so the task
+    instance is still ``queued``. How that instant is caught deterministically: the driver polls
+    each worker's proctitle in /proc every millisecond; a worker's title changes from
+    ``<idle>`` to the task instance id right after ``input.get()`` returned. The driver then
+    SIGSTOPs it at once (every worker that took one since its last pass, before it looks at any:
+    at parallelism 32 the whole DAG arrives in one wave) and, once they are really stopped, looks
+    for a child: the supervisor forks the task process *before* it tells the API server the task
+    started, so a stopped worker with no child has provably not started its task. One such
+    worker is SIGKILLed. The others get SIGCONT, and if every one already had a child the driver
+    waits for the next workload (30 chances per run).
+    The key must then be failed or re-dispatched, never left ``queued``."""
+
     name = "kill-queued"
     during = staticmethod(kill_queued)
 
@@ -1212,6 +1157,10 @@ class KillQueued(Scenario):
 
 
 class KillIdleReader(Scenario):
+    """Before the trigger, the idle worker that holds the input queue's read lock (its wchan is a
+    pipe read while the other idle workers sleep on a futex) is SIGKILLed. Every task must still
+    run, and afterwards SIGTERM must stop the scheduler within ``--stop-bound`` seconds."""
+
     name = "kill-idle-reader"
 
     def before(self, run: Run) -> None:
@@ -1229,13 +1178,32 @@ class KillIdleReader(Scenario):
 
 
 class SigtermRunning(Scenario):
+    """Once at least ``min(parallelism, 4)`` workers each have a task process (tasks running), the
+    scheduler is SIGTERMed, as a deploy or ``kill`` does. It must exit within ``--stop-bound``
+    seconds, and no process it had below it then (workers, task processes, what they started), nor
+    any process left in its workers' sessions, may be alive once it has exited (checked by pid;
+    whatever is left is named, then killed). The scheduler is then started again, as an operator
+    would, and the run must end ``success``, every task that was running at the SIGTERM on its
+    first try: ``end()`` lets a running task finish. A task queued but not started may run as try
+    2 (the new scheduler resets what the old one had queued)."""
+
     name = "sigterm-running"
     during = staticmethod(sigterm_running)
 
 
 class KillOrphan(Scenario):
+    """Its own DAG, ``tests/e2e/dags/lepatch_e2e_orphan.py``: one task (``retries=1``, retry in 5 s)
+    that appends ``<try> <pid> <time>`` to a marks file (``LEPATCH_E2E_MARKS``) once a second for
+    40 s and writes no log meanwhile. Once try 1 has written two marks, the worker running it is
+    SIGKILLed. The driver then waits for a final run state (at least 150 s) and for try 1's task
+    process to be gone, and reads the marks (``tools.measure.e2e.orphan``): how long try 1 went on
+    marking after the kill, when try 2 began, and how long both were marking at once. It passes
+    only if they never overlapped and the run ended ``success``. Not in the default set (it adds
+    a minute and a half, and runs into its deadline on the unpatched base, which retries only
+    after the task heartbeat timeout): ask for it with ``--scenario kill-orphan``."""
+
     name = "kill-orphan"
-    default = False  # a minute and a half more, and into its deadline on the unpatched base
+    default = False
     during = staticmethod(kill_orphan)
 
     def dag(self, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
@@ -1253,8 +1221,18 @@ class KillOrphan(Scenario):
 
 
 class Throughput(Scenario):
-    """Its figures are what it is for: tasks/s and latencies, the slots, the CPU per task between
-    the trigger and the run's end, the scheduler's loops, the api-server under a UI's polling."""
+    """Its own DAG, ``tests/e2e/dags/lepatch_e2e_throughput.py``: ``--tasks`` (default 200) no-op
+    PythonOperator tasks, ``max_active_tasks`` as high, nothing killed. It passes when the run
+    succeeds with every task on its first try; what it is for are its figures
+    (``tools.measure.e2e.throughput``): wall time from the first task queued to the last one ended,
+    tasks/s, and the queued-to-start (and scheduled-to-start) p50/p95 of the task instances; and
+    (``tools.measure.e2e.cputime``) each component's CPU per finished task between the trigger and
+    the run's end, the tasks/s ceiling that sets on this machine's cores, and the executor's own CPU
+    per task (its ``heartbeat()``'s, from the loop trace, always on here).
+    ``[scheduler] task_queued_timeout`` is 600 s there (30 s otherwise): the unpatched base's
+    queue gets deeper than 30 s, and a requeue would change what is measured; with SQLite a
+    connection waits up to 60 s for the database lock (5 s otherwise). Not in the default set:
+    ask for it with ``--scenario throughput``, e.g. ``--tasks 200 --parallelism 16``."""
 
     name = "throughput"
     default = False
@@ -1308,7 +1286,8 @@ class Throughput(Scenario):
     def at_end(self, run: Run) -> list[str]:
         if run.tis:
             self.tis = run.tis
-            self.dag_run = _safe_one(partial(run.api.run, run.dag.dag_id, run.run_id))
+            with contextlib.suppress(OSError, ValueError, KeyError):  # the api-server gave no answer
+                self.dag_run = run.api.run(run.dag.dag_id, run.run_id)
         self.left_running = _left_running(run, run.tis)
         return []
 
@@ -1353,8 +1332,17 @@ class Throughput(Scenario):
 
 
 class QueuedTimeout(Scenario):
+    """Its own DAG, ``tests/e2e/dags/lepatch_e2e_long.py``: twice ``--parallelism`` tasks of 80 s
+    (``retries=0``) with ``[scheduler] task_queued_timeout`` 15 s, checked every 5 s. What is
+    queued behind the first wave waits a whole task for a worker, so the scheduler's
+    stuck-in-queued check revokes it and sets it back to scheduled; the third time it fails it. The
+    run passes when it succeeds, every task on its first try; the scheduler log's requeues and
+    failures by that check are reported. With the series each dispatch holds a slot and nothing is
+    taken beyond them, so what waits for a worker stays scheduled, not queued. Not in the default set
+    (about three minutes): ask for it with ``--scenario queued-timeout --parallelism 2``."""
+
     name = "queued-timeout"
-    default = False  # about three minutes
+    default = False
 
     def dag(self, tasks: int = DEFAULT_TP_TASKS, parallelism: int = 8) -> DagSpec:
         return DagSpec(LONG_DAG_FILE, LONG_DAG_ID, 2 * parallelism)
@@ -1444,216 +1432,200 @@ AIRFLOW_POOL_SCENARIOS = frozenset(name for name, s in SCENARIOS.items() if s.ai
 # -- one scenario --------------------------------------------------------------------------------
 
 
-class ScenarioRunner:
-    def __init__(
-        self,
-        opts: Options,
-        venv_path: Path,
-        workdir: Path,
-        pg: Postgres | None,
-        say: Callable[[str], None],
-        broker_url: str | None = None,
-    ):
-        self.broker_url = broker_url  # --executor celery: the session's Redis
-        self.opts = opts
-        self.venv_path = venv_path
-        self.workdir = workdir
-        self.pg = pg
-        self.say = say
+def run_scenario(
+    name: str, o: Options, shared: session.Shared, workdir: Path, say: Callable[[str], None]
+) -> ScenarioResult:
+    """One scenario on a fresh stack (on the session's servers), stopped before it returns."""
+    pg = shared.pg
+    sc = SCENARIOS[name]()
+    home = workdir / name
+    dag = sc.dag(o.tasks, o.parallelism)
+    deadline = sc.deadline(o.deadline, o.tasks)
+    cfg = StackConfig(
+        venv=shared.venv.path,
+        home=home,
+        dag_file=dag.file,
+        db_url=pg.new_database() if pg else None,
+        parallelism=o.parallelism,
+        task_seconds=o.task_seconds,
+        extra_env=scenario_env(o, name, dag, home),
+        db_pool_size=db_pool_size(o, name),
+        split_api=o.split_api,
+    )
+    sc.configure(cfg)
+    stack: AirflowStack
+    if o.executor == "celery":
+        from tools.measure.e2e.celery import CeleryStack
 
-    def run(self, name: str) -> ScenarioResult:
-        o = self.opts
-        sc = SCENARIOS[name]()
-        home = self.workdir / name
-        dag = sc.dag(o.tasks, o.parallelism)
-        deadline = sc.deadline(o.deadline, o.tasks)
-        cfg = StackConfig(
-            venv=self.venv_path,
-            home=home,
-            dag_file=dag.file,
-            db_url=self.pg.new_database() if self.pg else None,
-            parallelism=o.parallelism,
-            task_seconds=o.task_seconds,
-            extra_env=scenario_env(o, name, dag, home),
-            db_pool_size=db_pool_size(o, name),
-            split_api=o.split_api,
+        assert shared.redis is not None
+        stack = CeleryStack(cfg, say, shared.redis.url, reap_sigchld=o.reap_sigchld)
+    else:
+        stack = AirflowStack(cfg, say)
+    api = RestApi(stack.api)
+    run = Run(name, stack, api, o, say, dag=dag, deadline=deadline, home=home, pg=pg)
+    run.trace = home / looptrace.TRACE_FILE if traces_loops(o, name) else None
+    # where task-sdk's supervisor logs ("Workload finished", its client's retries): the executor's worker
+    run.supervisor_log = (
+        home / "logs" / ("celery-worker-1.log" if o.executor == "celery" else "scheduler.log")
+    )
+    if sc.poll_interval is not None:
+        run.watcher.interval = sc.poll_interval
+    timings = run.timings
+    timings["deadline_s"] = deadline
+    failures: list[str] = []
+    health = None
+    tries: dict[str, list[Json]] = {}
+    t0_wall = datetime.now(timezone.utc)
+    say(f"\n== {name} ({sc.title(dag, o.kills)}{o.db}, parallelism {o.parallelism}, deadline {deadline:g} s)")
+    try:
+        timings["migrate_s"], timings["ready_s"] = session.launch(stack, dag.dag_id)
+        say(
+            f"  stack ready {timings['ready_s']:.1f} s after launch "
+            f"(db migrate {timings['migrate_s']:.1f} s), "
+            f"api {stack.api}, scheduler pid {stack.scheduler_pid}"
         )
-        sc.configure(cfg)
-        stack: AirflowStack
         if o.executor == "celery":
-            from tools.measure.e2e.celery import CeleryStack
-
-            assert self.broker_url is not None
-            stack = CeleryStack(cfg, self.say, self.broker_url, reap_sigchld=o.reap_sigchld)
-        else:
-            stack = AirflowStack(cfg, self.say)
-        api = RestApi(stack.api)
-        run = Run(name, stack, api, o, self.say, dag=dag, deadline=deadline, home=home, pg=self.pg)
-        run.trace = home / looptrace.TRACE_FILE if traces_loops(o, name) else None
-        # where task-sdk's supervisor logs ("Workload finished", its client's retries): the executor's worker
-        run.supervisor_log = (
-            home / "logs" / ("celery-worker-1.log" if o.executor == "celery" else "scheduler.log")
-        )
-        if sc.poll_interval is not None:
-            run.watcher.interval = sc.poll_interval
-        timings = run.timings
-        timings["deadline_s"] = deadline
-        failures: list[str] = []
-        health = None
-        tries: dict[str, list[Json]] = {}
+            celery_at_ready(run)
+        sc.before(run)
         t0_wall = datetime.now(timezone.utc)
-        self.say(
-            f"\n== {name} ({sc.title(dag, o.kills)}{o.db}, parallelism {o.parallelism}, "
-            f"deadline {deadline:g} s)"
+        run.watcher.start_clock()
+        run.t0_wall = time.time()
+        sc.at_trigger(run)
+        stack.airflow("dags", "trigger", dag.dag_id, "--run-id", run.run_id)
+        run.event(
+            f"airflow dags trigger {dag.dag_id} --run-id {run.run_id} (returned after {run.t():.1f} s)",
+            0.0,
         )
-        try:
-            timings["migrate_s"], timings["ready_s"] = session.launch(stack, dag.dag_id)
-            self.say(
-                f"  stack ready {timings['ready_s']:.1f} s after launch "
-                f"(db migrate {timings['migrate_s']:.1f} s), "
-                f"api {stack.api}, scheduler pid {stack.scheduler_pid}"
-            )
-            if o.executor == "celery":
-                celery_at_ready(run)
-            sc.before(run)
-            t0_wall = datetime.now(timezone.utc)
-            run.watcher.start_clock()
-            run.t0_wall = time.time()
-            sc.at_trigger(run)
-            stack.airflow("dags", "trigger", dag.dag_id, "--run-id", run.run_id)
-            run.event(
-                f"airflow dags trigger {dag.dag_id} --run-id {run.run_id} (returned after {run.t():.1f} s)",
-                0.0,
-            )
-            watch = run.watch = self._watch(run, sc, failures)
-            # The machine's 1-minute load average as the run ends: the figures are read beside it.
-            run.extra["load"] = round(os.getloadavg()[0], 1)
-            sc.run_over(run)
-            timings["run_s"] = round(watch.elapsed, 2) if watch.final else None
-            timings["first_running_s"] = next(
-                (round(tr.t, 2) for tr in watch.transitions if tr.state == "running"), None
-            )
-            if watch.final:
-                run.event(f"run {watch.run_state}", watch.elapsed)
-            else:
-                run.event(f"deadline: run still {watch.run_state}", watch.elapsed)
-            health = api.health()
-            run.event(f"health endpoint: {_health_text(health)}")
-            run.tasks = {ts.task_id: ts for ts in (watch.last.tasks.values() if watch.last else [])}
-            run.tis = _safe(partial(api.task_instances, dag.dag_id, run.run_id))
-            if run.tis:
-                run.tasks = {d["task_id"]: TaskSnap.from_api(d) for d in run.tis}
-            if sc.judged:
-                for task_id, ts in run.tasks.items():
-                    if ts.try_number > 1 or (run.kill and run.kill.task_id == task_id):
-                        tries[task_id] = _safe(partial(api.tries, dag.dag_id, run.run_id, task_id))
-                failures += judge(
-                    name,
-                    watch,
-                    deadline,
-                    run.tasks,
-                    tries,
-                    run.kill,
-                    n_tasks=dag.n_tasks,
-                    running_at_sigterm=run.extra.get("running_at_sigterm", ()),
-                )
-            failures += run.failures
-            failures += sc.at_end(run)
-        except (StackError, ToolError) as e:
-            failures.append(str(e))
-        finally:
-            run.done.set()
-            sc.cleanup(run)
-            try:
-                # a Ctrl-C goes straight to the stop, without waiting for the supervisors
-                if o.executor == "celery" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
-                    failures += celery_at_end(run)
-                self._loops(run)
-            finally:
-                # also on a Ctrl-C while the figures above are read: nothing of the stack stays up
-                run.stop_info = session.stop(stack, self.say)
-            run.api_logs = read_api_logs(home / "logs")
-            run.extra["pool_timeouts"] = component_pool_timeouts(home / "logs", run.api_logs)
-            if any(run.extra["pool_timeouts"].values()):
-                run.event(
-                    "database pool timeouts (the components' logs): "
-                    + ", ".join(f"{k} {v}" for k, v in run.extra["pool_timeouts"].items())
-                )
-        failures += sc.after_stop(run)
-        ended = run.watch
-        span = max([ended.elapsed if ended else 0.0] + [t for t, _ in run.events] + [1.0])
-        rows = rows_from_api(
-            [_ts_dict(ts) for ts in run.tasks.values()],
-            tries,
-            t0_wall,
-            marked=[run.kill.task_id] if run.kill and run.kill.task_id else [],
+        watch = run.watch = _watch(run, sc, failures)
+        # The machine's 1-minute load average as the run ends: the figures are read beside it.
+        run.extra["load"] = round(os.getloadavg()[0], 1)
+        sc.run_over(run)
+        timings["run_s"] = round(watch.elapsed, 2) if watch.final else None
+        timings["first_running_s"] = next(
+            (round(tr.t, 2) for tr in watch.transitions if tr.state == "running"), None
         )
-        timeline = format_timeline(rows, run.events, span)
-        if rows:
-            timeline += "\n" + summarize(rows)
-        self.say("")
-        if len(rows) > MAX_TIMELINE_ROWS:
-            self.say(f"({len(rows)} task tries: the timeline is in the report)\n{summarize(rows)}")
+        if watch.final:
+            run.event(f"run {watch.run_state}", watch.elapsed)
         else:
-            self.say(timeline)
-        passed = not failures
-        self.say(f"-- {name}: {'PASS' if passed else 'FAIL'}")
-        for f in failures:
-            self.say(f"   {f}")
-        if not passed and (p := stack.procs.get("scheduler")) is not None:
-            self.say(f"   last lines of {p.log}:\n{tail(p.log, 12)}")
-        return ScenarioResult(
-            name=name,
-            passed=passed,
-            failures=failures,
-            run_state=ended.run_state if ended else None,
-            final=bool(ended and ended.final),
-            timings=timings,
-            counts=(ended.last.count() if ended and ended.last else {}),
-            kill=run.kill,
-            events=run.events,
-            health_at_end=health,
-            stop=run.stop_info,
-            timeline=timeline,
-            logs=str(home / "logs"),
-            extra=run.extra,
-        )
-
-    @staticmethod
-    def _loops(run: Run) -> None:
-        """The scheduler's loops from the trigger to the run's end (or the scenario's window)."""
-        if run.trace is None or run.watcher.t0 is None:
-            return
-        start, end = run.watcher.t0, time.monotonic()
-        if run.watch and run.watch.final:
-            end = run.watcher.t0 + run.watch.elapsed
-        start, end = run.window or (start, end)
-        if loops := looptrace.summarise(run.trace, start, end):
-            run.extra["loops"] = loops.as_json()
-            run.event(loops.text())
-
-    def _watch(self, run: Run, sc: Scenario, failures: list[str]) -> WatchResult:
-        result: list[WatchResult] = []
-        th = threading.Thread(
-            target=lambda: result.append(run.watcher.watch(run.deadline, run.done)), daemon=True
-        )
-        th.start()
+            run.event(f"deadline: run still {watch.run_state}", watch.elapsed)
+        health = api.health()
+        run.event(f"health endpoint: {_health_text(health)}")
+        run.tasks = {ts.task_id: ts for ts in (watch.last.tasks.values() if watch.last else [])}
+        run.tis = _safe(partial(api.task_instances, dag.dag_id, run.run_id))
+        if run.tis:
+            run.tasks = {d["task_id"]: TaskSnap.from_api(d) for d in run.tis}
+        if sc.judged:
+            for task_id, ts in run.tasks.items():
+                if ts.try_number > 1 or (run.kill and run.kill.task_id == task_id):
+                    tries[task_id] = _safe(partial(api.tries, dag.dag_id, run.run_id, task_id))
+            failures += judge(
+                name,
+                watch,
+                deadline,
+                run.tasks,
+                tries,
+                run.kill,
+                n_tasks=dag.n_tasks,
+                running_at_sigterm=run.extra.get("running_at_sigterm", ()),
+            )
+        failures += run.failures
+        failures += sc.at_end(run)
+    except (StackError, ToolError) as e:
+        failures.append(str(e))
+    finally:
+        run.done.set()
+        sc.cleanup(run)
         try:
-            sc.during(run)
-            while th.is_alive():
-                th.join(0.5)
-                try:
-                    run.stack.check_alive()
-                except StackError as e:
-                    failures.append(str(e))
-                    run.done.set()
-                    break
+            # a Ctrl-C goes straight to the stop, without waiting for the supervisors
+            if o.executor == "celery" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+                failures += celery_at_end(run)
+            _loops(run)
         finally:
-            run.done.set()
-            th.join(30)
-        if not result:
-            raise StackError("the run watcher did not return")
-        return result[0]
+            # also on a Ctrl-C while the figures above are read: nothing of the stack stays up
+            run.stop_info = session.stop(stack, say)
+        run.api_logs = read_api_logs(home / "logs")
+        run.extra["pool_timeouts"] = component_pool_timeouts(home / "logs", run.api_logs)
+        if any(run.extra["pool_timeouts"].values()):
+            run.event(
+                "database pool timeouts (the components' logs): "
+                + ", ".join(f"{k} {v}" for k, v in run.extra["pool_timeouts"].items())
+            )
+    failures += sc.after_stop(run)
+    ended = run.watch
+    span = max([ended.elapsed if ended else 0.0] + [t for t, _ in run.events] + [1.0])
+    rows = rows_from_api(
+        [_ts_dict(ts) for ts in run.tasks.values()],
+        tries,
+        t0_wall,
+        marked=[run.kill.task_id] if run.kill and run.kill.task_id else [],
+    )
+    timeline = format_timeline(rows, run.events, span)
+    if rows:
+        timeline += "\n" + summarize(rows)
+    say("")
+    if len(rows) > MAX_TIMELINE_ROWS:
+        say(f"({len(rows)} task tries: the timeline is in the report)\n{summarize(rows)}")
+    else:
+        say(timeline)
+    passed = not failures
+    say(f"-- {name}: {'PASS' if passed else 'FAIL'}")
+    for f in failures:
+        say(f"   {f}")
+    if not passed and (p := stack.procs.get("scheduler")) is not None:
+        say(f"   last lines of {p.log}:\n{tail(p.log, 12)}")
+    return ScenarioResult(
+        name=name,
+        passed=passed,
+        failures=failures,
+        run_state=ended.run_state if ended else None,
+        final=bool(ended and ended.final),
+        timings=timings,
+        counts=(ended.last.count() if ended and ended.last else {}),
+        kill=run.kill,
+        events=run.events,
+        health_at_end=health,
+        stop=run.stop_info,
+        timeline=timeline,
+        logs=str(home / "logs"),
+        extra=run.extra,
+    )
+
+
+def _loops(run: Run) -> None:
+    """The scheduler's loops from the trigger to the run's end (or the scenario's window)."""
+    if run.trace is None or run.watcher.t0 is None:
+        return
+    start, end = run.watcher.t0, time.monotonic()
+    if run.watch and run.watch.final:
+        end = run.watcher.t0 + run.watch.elapsed
+    start, end = run.window or (start, end)
+    if loops := looptrace.summarise(run.trace, start, end):
+        run.extra["loops"] = loops.as_json()
+        run.event(loops.text())
+
+
+def _watch(run: Run, sc: Scenario, failures: list[str]) -> WatchResult:
+    result: list[WatchResult] = []
+    th = threading.Thread(
+        target=lambda: result.append(run.watcher.watch(run.deadline, run.done)), daemon=True
+    )
+    th.start()
+    try:
+        sc.during(run)
+        while th.is_alive():
+            th.join(0.5)
+            try:
+                run.stack.check_alive()
+            except StackError as e:
+                failures.append(str(e))
+                run.done.set()
+                break
+    finally:
+        run.done.set()
+        th.join(30)
+    if not result:
+        raise StackError("the run watcher did not return")
+    return result[0]
 
 
 def _safe(fn: Callable[[], list[Json]]) -> list[Json]:
@@ -1662,13 +1634,6 @@ def _safe(fn: Callable[[], list[Json]]) -> list[Json]:
         return fn()
     except (OSError, ValueError, KeyError):
         return []
-
-
-def _safe_one(fn: Callable[[], Json]) -> Json | None:
-    try:
-        return fn()
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def _ts_dict(ts: TaskSnap) -> Json:
@@ -1753,11 +1718,8 @@ class E2e:
             f"{pool_text(opts)}" + "".join(f"; {name}={value}" for name, value in opts.airflow_env.items())
         )
         t_stage = time.monotonic()
-        runner = ScenarioRunner(
-            opts, venv.path, workdir, shared.pg, say, shared.redis.url if shared.redis else None
-        )
         try:
-            results = [runner.run(name) for name in opts.scenarios]
+            results = [run_scenario(name, opts, shared, workdir, say) for name in opts.scenarios]
         finally:
             if opts.executor == "package":
                 venv.uninstall_package()

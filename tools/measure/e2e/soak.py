@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tools.measure.e2e import looptrace, procfs, session, soak_check, soak_faults
-from tools.measure.e2e.cli import parse_stages
+from tools.measure.e2e.cli import line_of, parse_stage, parse_stages
 from tools.measure.e2e.driver import DAGS_DIR, POOL_HEADROOM, stage_label
 from tools.measure.e2e.soak_check import Incarnation, LeftAlive, TiRow, Verdict, Violation
 from tools.measure.e2e.soak_faults import Fault
@@ -737,12 +737,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> SoakOptions:
-    try:
-        line = pins.get_line(args.line)
-    except KeyError as e:
-        raise ToolError(str(e.args[0])) from None
+    line = line_of(args.line)
     if args.stage is not None:
-        stages: list[int | None] = [None if args.stage in ("full", "series") else _stage(args.stage)]
+        stages = [parse_stage(args.stage, "--stage")]
     else:
         stages = parse_stages(args.compare_stages)
     try:
@@ -768,12 +765,6 @@ def options_from(args: argparse.Namespace) -> SoakOptions:
         loop_bound=args.loop_bound,
         out=args.out.resolve(),
     )
-
-
-def _stage(text: str) -> int:
-    if not text.isdigit():
-        raise ToolError(f"--stage: {text!r} is neither a stage number nor 'full'")
-    return int(text)
 
 
 def _cmd_soak(args: argparse.Namespace) -> int:
