@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
 import threading
+import time
 from pathlib import Path
 
-from tools.measure.e2e import cli, driver
+import pytest
+
+from tools.measure.e2e import cli, driver, session
+from tools.measure.e2e.stack import StackError
 
 
 def test_urgent_raises_the_calling_thread_only_and_restores_it() -> None:
@@ -98,3 +104,45 @@ def test_events_before_the_trigger_are_logged_at_zero() -> None:
     assert run.events == [(0.0, "cpu: scheduler 0.0 s")]
     run.watcher.start_clock(run.watcher.clock() - 2.0)
     assert 2.0 <= run.t() < 10.0
+
+
+class _DeadStack:
+    """A stack that never comes up; its stop gets a Ctrl-C, as a second Ctrl-C in the cleanup would."""
+
+    stopped = 0
+
+    def __init__(self, cfg: object, say: object) -> None:
+        self.api, self.launched_at = "http://127.0.0.1:9", None
+        self.procs: dict[str, object] = {}
+
+    def launch(self) -> None:
+        raise StackError("api-server exited (1) during launch")
+
+    def stop(self) -> dict[str, object]:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # where a handler would raise, if one were installed
+        _DeadStack.stopped += 1
+        return {"leftover_pids_killed": {"pids": [7]}}
+
+
+def test_a_scenario_whose_stack_fails_is_a_failure_and_its_stack_is_stopped_shielded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launched_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(driver, "AirflowStack", _DeadStack)
+    said: list[str] = []
+    opts = cli.parse_options(["--scenario", "throughput", "--tasks", "3"])
+    shared = session.Shared(tmp_path, "stamp", argparse.Namespace(path=tmp_path / "venv"))  # type: ignore[arg-type]
+    try:
+        r = driver.run_scenario("throughput", opts, shared, tmp_path, said.append)
+    finally:
+        signal.signal(signal.SIGINT, launched_with)
+    assert (r.passed, r.failures, r.run_state, r.stop) == (
+        False,
+        ["api-server exited (1) during launch"],
+        None,
+        {"leftover_pids_killed": {"pids": [7]}},
+    )
+    assert _DeadStack.stopped == 1 and "  killed leftover processes: [7]" in said
+    assert said[0] == "\n== throughput (3 tasks, sqlite, parallelism 8, deadline 120 s)"
+    assert r.timings == {"deadline_s": 120.0} and r.extra["api_stall"]["counts"]["failed"] is None

@@ -3,7 +3,8 @@
 One module per concern, each usable and tested on its own:
 
 - ``cli``: ``python -m tools e2e`` options, to an :class:`~tools.measure.e2e.driver.Options`;
-- ``driver``: the scenarios and the session (a fresh stack per scenario, the killers, the report);
+- ``session``: the one session runner of the e2e and the soak (venv, servers, stages, signals);
+- ``driver``: the scenarios, each a ``Scenario`` (a fresh stack per scenario, the killers, the report);
 - ``judge``: whether a scenario passed, from the API's task states and the driver's kill (pure);
 - ``venv``: the line's Airflow environment with the overlay (or stage K) installed;
 - ``lock``: ``constraints/e2e-<line>.txt``, that environment as of the line's release day;

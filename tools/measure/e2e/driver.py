@@ -13,18 +13,9 @@ is ``tools.measure.e2e.session``'s, the soak's too.
 The throughput scenario runs at Airflow's own database pool (no pool setting in the stack's
 environment: 5 + 10 per engine, SQLAlchemy's 30 s pool_timeout), what operators run; the other
 scenarios give each component's pool (api-server, scheduler, dag-processor; each engine, sync and
-async) parallelism + 8 connections with Airflow's overflow of 10 (``--db-pool headroom``): they
-judge the executor under kills, and with 5 + 10 at parallelism 16 the api-server's token check
-(issue 52) can hold every request 30 s and fail task starts for a reason that is not the
-executor's. ``--db-pool airflow|headroom|N`` sets one pool for every scenario. Every scenario
-counts the pool timeouts in each component's log (``throughput.count_pool_timeouts``); throughput
-reports the api-server's with its failed tasks, per round and in the comparison table.
-
-While the throughput run goes, a UI's run page polls it (``tools.measure.e2e.uipoll``: four
-endpoints every 3 s with the UI's token; ``--no-ui-poll`` turns it off), and each round counts
-what issue 52 is about (``tools.measure.e2e.apistall``): api-server requests of 5 s or more and the
-longest, the poller's longest, task starts sent more than once, task instances left ``running``
-with no process; ``--compare-stages`` prints them one row per round, the stages side by side.
+async) parallelism + 8 connections with Airflow's overflow of 10 (``--db-pool headroom``, see
+``POOL_HEADROOM``). ``--db-pool airflow|headroom|N`` sets one pool for every scenario. Every scenario
+counts the pool timeouts in each component's log (``throughput.count_pool_timeouts``).
 
 ``--compare-stages 0,9`` runs the selected scenarios once per stage (``full`` = the series
 overlay) in one invocation, each stage's executor installed in turn, and ends with a table of
@@ -1231,8 +1222,11 @@ class Throughput(Scenario):
     per task (its ``heartbeat()``'s, from the loop trace, always on here).
     ``[scheduler] task_queued_timeout`` is 600 s there (30 s otherwise): the unpatched base's
     queue gets deeper than 30 s, and a requeue would change what is measured; with SQLite a
-    connection waits up to 60 s for the database lock (5 s otherwise). Not in the default set:
-    ask for it with ``--scenario throughput``, e.g. ``--tasks 200 --parallelism 16``."""
+    connection waits up to 60 s for the database lock (5 s otherwise). A UI's run page polls the run
+    meanwhile (``tools.measure.e2e.uipoll``; ``--no-ui-poll`` turns it off) and each round counts
+    what issue 52 is about (``tools.measure.e2e.apistall``), one row per round with
+    ``--compare-stages``. Not in the default set: ask for it with ``--scenario throughput``, e.g.
+    ``--tasks 200 --parallelism 16``."""
 
     name = "throughput"
     default = False
@@ -1785,7 +1779,7 @@ class E2e:
             session.write_report(path, combined, also=opts.out / "report.json")
             for text in tables.values():
                 say("\n" + text)
-        say(session.report_line(path, opts.out / "report.json"))
+        say(f"report: {LAYOUT.rel(path)} (also {LAYOUT.rel(opts.out / 'report.json')})")
         return 0 if passed else 1
 
 

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from tools.measure.e2e.venv import AirflowVenv
 
 R = TypeVar("R")
-INTERRUPTED = "interrupted; every started process was stopped"
 
 
 @dataclass(frozen=True)
@@ -109,19 +108,12 @@ def plan(
 
 def run(work: Workload[Any], say: Callable[[str], None] = print) -> int:
     """The session: its directory, venv, servers and stages, then the workload's report; 130 when
-    interrupted (Ctrl-C, SIGTERM), once everything it started is stopped."""
-    try:
-        return _run(work, say)
-    except KeyboardInterrupt:
-        print(INTERRUPTED, file=sys.stderr)
-        return 130
-
-
-def _run(work: Workload[Any], say: Callable[[str], None]) -> int:
+    interrupted (Ctrl-C, or a SIGTERM: nox's on Ctrl-C, a kill), once everything it started is stopped."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     workdir = work.out / stamp
     workdir.mkdir(parents=True, exist_ok=True)
-    with sigterm_interrupts():
+    old = signal.signal(signal.SIGTERM, _interrupt)  # so that every `finally` below runs
+    try:
         work.begin(say)
         venv = work.venv(say)
         venv.ensure()
@@ -138,12 +130,9 @@ def _run(work: Workload[Any], say: Callable[[str], None]) -> int:
                 pg.start()
                 say(f"postgres {pg.bindir.parent.name} on 127.0.0.1:{pg.port}, data in {pg.root}")
             if work.needs.redis:
-                shared.redis = Redis(say)
-                shared.redis.start()
-                say(
-                    f"redis-server ({shared.redis.binary}) on 127.0.0.1:{shared.redis.port}, "
-                    f"config {shared.redis.config}"
-                )
+                redis = shared.redis = Redis(say)
+                redis.start()
+                say(f"redis-server ({redis.binary}) on 127.0.0.1:{redis.port}, config {redis.config}")
             rounds = max(s.round for s in stages) if stages else 1
             for st in stages:
                 if rounds > 1:
@@ -158,6 +147,11 @@ def _run(work: Workload[Any], say: Callable[[str], None]) -> int:
                 if site is not None:
                     looptrace.uninstall(site)
         return work.finish(shared, results, round(time.monotonic() - t_session, 1), say)
+    except KeyboardInterrupt:
+        print("interrupted; every started process was stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def launch(stack: AirflowStack, dag_id: str, timeout: float = 120.0) -> tuple[float, float]:
@@ -177,15 +171,13 @@ def stop(stack: AirflowStack, say: Callable[[str], None]) -> dict[str, Any]:
     return info
 
 
-def write_report(path: Path, report: Any, also: Path | None = None) -> None:
-    """The report as JSON at ``path`` (and the same at ``also``, the latest one's fixed name)."""
+def write_report(path: Path, report: Any, also: Path | None = None) -> str:
+    """The report as JSON at ``path`` (and the same at ``also``, the latest one's fixed name); the
+    line that says where."""
     text = json.dumps(report, indent=2, default=str) + "\n"
     path.write_text(text)
     if also is not None:
         also.write_text(text)
-
-
-def report_line(path: Path, also: Path | None = None) -> str:
     return f"report: {LAYOUT.rel(path)}" + (f" (also {LAYOUT.rel(also)})" if also else "")
 
 
@@ -202,13 +194,3 @@ def shielded() -> Iterator[None]:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """A SIGTERM raises KeyboardInterrupt meanwhile, so ``finally`` blocks stop what was started."""
-    old = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)

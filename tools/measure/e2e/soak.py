@@ -603,9 +603,9 @@ class Soak:
             "stages": [r.as_json() for r in results],
         }
         path = shared.workdir / "soak.json"
-        session.write_report(path, report)
+        where = session.write_report(path, report)
         say("\n" + figures_table(o, results))
-        say(session.report_line(path))
+        say(where)
         # Only the series is judged: the release's violations are what the soak shows it fixes.
         ok = all(r.verdict and not r.verdict.violations and not r.error for r in results if r.stage is None)
         return 0 if ok else 1
