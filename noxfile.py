@@ -124,18 +124,21 @@ def changelog(session: nox.Session) -> None:
     session.run("towncrier", "build", "--draft", "--version", version)
 
 
+# why: on Ctrl-C nox SIGTERMs then SIGKILLs its child within 0.5 s by default; an e2e or soak session
+# needs time to stop its stacks and servers (tools/measure/e2e/session.py), or they would be left running.
+STACK_STOP_TIMEOUTS = {"interrupt_timeout": 120, "terminate_timeout": 30}
+
+
 @nox.session(venv_backend="none")
 def e2e(session: nox.Session) -> None:
     """Run a real Airflow with the overlay and kill its workers on purpose (2-10 min; see docs/e2e.md)."""
-    run_tools(session, "e2e", *session.posargs)
+    run_tools(session, "e2e", *session.posargs, **STACK_STOP_TIMEOUTS)
 
 
 @nox.session(venv_backend="none")
 def soak(session: nox.Session) -> None:
     """A real stack under load and seeded faults, the release against the series (10 min x 2; docs/e2e.md)."""
-    # why: on Ctrl-C nox SIGTERMs then SIGKILLs its child within 0.5 s by default; the soak needs
-    # time to stop the stack and PostgreSQL, or they would be left running.
-    run_tools(session, "soak", *session.posargs, interrupt_timeout=120, terminate_timeout=30)
+    run_tools(session, "soak", *session.posargs, **STACK_STOP_TIMEOUTS)
 
 
 @nox.session(venv_backend="none")
