@@ -482,10 +482,10 @@ class StageSoak:
             res.error = str(e)
             self.say(f"  error: {e}")
         finally:
-            with session.shielded():
+            with session.shielded():  # no window between the two where a Ctrl-C skips the stop
                 self.stop_triggers.set()
                 self._resume_api()
-            session.stop(self.stack, self.say)
+                session.stop(self.stack, self.say)
 
     def _drain(self) -> float | None:
         deadline = time.monotonic() + self.opts.drain
