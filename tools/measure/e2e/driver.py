@@ -1528,8 +1528,8 @@ def run_scenario(
         failures.append(str(e))
     finally:
         run.done.set()
-        sc.cleanup(run)
         try:
+            sc.cleanup(run)
             # a Ctrl-C goes straight to the stop, without waiting for the supervisors
             if o.executor == "celery" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
                 failures += celery_at_end(run)
