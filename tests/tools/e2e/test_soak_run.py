@@ -34,6 +34,7 @@ def test_defaults_compare_the_release_with_the_series_for_ten_minutes() -> None:
         (["--fault-rate", "nap=1"], "no fault kind"),
         (["--duration", "5"], "--duration must be more than"),
         (["--stage", "x"], "neither a stage number"),
+        (["--stage", "-1"], "--stage: stage must be >= 0, got -1"),  # parsed as the e2e's stages are
         (["--compare-stages", "0"], "at least two stages"),
         (["--parallelism", "1"], "at least 2"),
     ],
