@@ -9,6 +9,6 @@ One module per concern, each usable and tested on its own:
 - ``lock``: ``constraints/e2e-<line>.txt``, that environment as of the line's release day;
 - ``stack``: db migrate, api-server, scheduler, dag-processor (and PostgreSQL), stopped by pid;
 - ``watch``: polling the REST API until the run is final or its deadline passes;
-- ``procfs``: reading /proc to find the worker to kill and to tell a deadlock by its wchans;
+- ``procfs``: processes (psutil, and /proc for what it lacks): the worker to kill, a deadlock by its wchans;
 - ``timeline``: the per-try timeline and summary text.
 """

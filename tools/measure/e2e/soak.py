@@ -138,22 +138,6 @@ def db_tis(pg: Postgres, db_url: str) -> list[TiRow]:
     return [TiRow(r[0], r[1], r[2], int(r[3]), r[4] or None, int(r[5])) for r in psql(pg, db_url, sql)]
 
 
-def alive_as(pid: int, pst: int) -> bool:
-    """Whether ``pid`` is still the process that had /proc starttime ``pst`` (and not a zombie)."""
-    try:
-        st = procfs.stat(pid)
-    except procfs.ProcGone:
-        return False
-    return st.starttime == pst and st.state not in ("Z", "X")
-
-
-def title_of(pid: int) -> str:
-    try:
-        return procfs.cmdline(pid)[:80]
-    except procfs.ProcGone:
-        return "gone"
-
-
 @contextlib.contextmanager
 def shielded() -> Iterator[None]:
     """Let a cleanup finish: neither Ctrl-C nor SIGTERM interrupts it (they are ignored meanwhile)."""
@@ -405,7 +389,7 @@ class StageSoak:
             for a in soak_check.attempts(soak_check.read_records(self.records))
             if a.child and a.child[2] > t_exit
         }
-        left = {(p, st) for p, st in below if alive_as(p, st) and (p, st) not in allowed}
+        left = {(p, st) for p, st in below if procfs.alive_as(p, st) and (p, st) not in allowed}
         # Unpatched workers stay in the scheduler's session; whatever is still there was below it.
         left |= {
             (s.pid, s.starttime)
@@ -414,7 +398,7 @@ class StageSoak:
         }
         for pid, _ in sorted(left):
             self.left_alive.append(
-                LeftAlive(t_exit, pid, title_of(pid), f"after scheduler {proc.pid} exited ({how})")
+                LeftAlive(t_exit, pid, procfs.title_of(pid), f"after scheduler {proc.pid} exited ({how})")
             )
         procfs.kill_pids(sorted(p for p, _ in left))
         self.trace_n += 1
@@ -524,8 +508,8 @@ class StageSoak:
         self.incarnations[-1].until = now
         atts = soak_check.attempts(soak_check.read_records(self.records))
         for pid, pst, gone_by, what in soak_check.recorded_processes(atts):
-            if now > gone_by + END_GRACE_S and alive_as(pid, pst):
-                self.left_alive.append(LeftAlive(now, pid, title_of(pid), f"at the end ({what})"))
+            if now > gone_by + END_GRACE_S and procfs.alive_as(pid, pst):
+                self.left_alive.append(LeftAlive(now, pid, procfs.title_of(pid), f"at the end ({what})"))
         for n, inc in enumerate(self.incarnations, 1):
             inc.loops = soak_check.read_loops(self._trace_file(n))
         try:
