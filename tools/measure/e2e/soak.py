@@ -41,7 +41,6 @@ import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -50,7 +49,7 @@ from types import FrameType
 from typing import Any
 
 from tools.engine import venvs
-from tools.measure.e2e import looptrace, procfs, soak_check, soak_faults
+from tools.measure.e2e import looptrace, procfs, soak_check, soak_faults, web
 from tools.measure.e2e.cli import parse_stages
 from tools.measure.e2e.driver import DAGS_DIR, POOL_HEADROOM, stage_label
 from tools.measure.e2e.soak_check import Incarnation, LeftAlive, TiRow, Verdict, Violation
@@ -94,12 +93,13 @@ class SoakOptions:
 
 def trigger(api: str, run_id: str, timeout: float = 5.0) -> str:
     """POST one DAG run; "created", "exists" (an earlier try got through) or raises OSError."""
-    url = f"{api}/api/v2/dags/{DAG_ID}/dagRuns"
-    body = json.dumps({"dag_run_id": run_id, "logical_date": None}).encode()
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout):
-            return "created"
+        web.call(
+            f"{api}/api/v2/dags/{DAG_ID}/dagRuns",
+            {"dag_run_id": run_id, "logical_date": None},
+            timeout=timeout,
+        )
+        return "created"
     except urllib.error.HTTPError as e:
         if e.code == 409:
             return "exists"
