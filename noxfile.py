@@ -8,6 +8,7 @@ Arguments after `--` go to the tool or to pytest: `nox -s apply -- --line 3.2`.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -40,6 +41,14 @@ def install(session: nox.Session, *packages: str) -> None:
 
 def run_tools(session: nox.Session, *args: str, **kwargs: Any) -> None:
     session.run(PYTHON, "-m", "tools", *args, external=True, **kwargs)
+
+
+def install_psutil(session: nox.Session) -> None:
+    """psutil into nox's own interpreter (the e2e driver runs with it, without a venv), pinned by
+    constraints/tools.txt: the driver reads the stack's processes with it (tools.measure.e2e.procfs)."""
+    if importlib.util.find_spec("psutil") is None:
+        uv = ["pip", "install", "--python", PYTHON, "-c", str(TOOLS_CONSTRAINTS), "psutil"]
+        session.run(venvs.find_uv(), *uv, external=True)
 
 
 @nox.session(venv_backend="none")
@@ -132,12 +141,14 @@ STACK_STOP_TIMEOUTS = {"interrupt_timeout": 120, "terminate_timeout": 30}
 @nox.session(venv_backend="none")
 def e2e(session: nox.Session) -> None:
     """Run a real Airflow with the overlay and kill its workers on purpose (2-10 min; see docs/e2e.md)."""
+    install_psutil(session)
     run_tools(session, "e2e", *session.posargs, **STACK_STOP_TIMEOUTS)
 
 
 @nox.session(venv_backend="none")
 def soak(session: nox.Session) -> None:
     """A real stack under load and seeded faults, the release against the series (10 min x 2; docs/e2e.md)."""
+    install_psutil(session)
     run_tools(session, "soak", *session.posargs, **STACK_STOP_TIMEOUTS)
 
 

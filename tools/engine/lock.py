@@ -1,6 +1,6 @@
 """``python -m tools lock``: exact constraints so nothing a test environment installs floats.
 
-``constraints/tools.txt`` pins the tooling (nox, uv, pytest, ruff, vermin, mypy, towncrier) and
+``constraints/tools.txt`` pins the tooling (nox, uv, pytest, ruff, vermin, mypy, towncrier, psutil) and
 everything they pull in; ``constraints/<line>.txt`` pins a line's ``apache-airflow-core``
 with all of Airflow's dependencies plus the same pytest and pytest-timeout. Both are
 resolved by ``uv pip compile`` for every Python from 3.10 on (markers where they differ).
@@ -16,6 +16,7 @@ from pathlib import Path
 from tools.engine import fetch
 from tools.engine.venvs import (
     TEST_PACKAGES,
+    TOOLS_TEST_PACKAGES,
     UPSTREAM_TEST_PACKAGES,
     oldest_python,
     run_uv,
@@ -25,7 +26,8 @@ from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 
-TOOLS = ("nox[uv]", "pytest", "pytest-timeout", "ruff", "mypy", "towncrier", "uv", "vermin", "wheel")
+# What the tools' test venv installs, and the tooling.
+TOOLS = (*TOOLS_TEST_PACKAGES, "nox[uv]", "ruff", "mypy", "towncrier", "uv", "vermin")
 COMPILE = ("pip", "compile", "-", "--universal", "--quiet")
 
 

@@ -32,8 +32,9 @@ from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
 
 TEST_PACKAGES = ("pytest", "pytest-timeout")
-# tests/tools also rebuilds wheels with the `wheel` package (tools.delivery.wheels).
-TOOLS_TEST_PACKAGES = (*TEST_PACKAGES, "wheel")
+# tests/tools also rebuilds wheels with the `wheel` package (tools.delivery.wheels) and reads
+# processes with psutil (tools.measure.e2e.procfs).
+TOOLS_TEST_PACKAGES = (*TEST_PACKAGES, "psutil", "wheel")
 # What upstream's own test_local_executor.py (tools.delivery.upstream_tests) and task-sdk's
 # test_supervisor.py (tools.delivery.upstream_supervisor_tests) import beyond those, pinned in
 # constraints/upstream-tests-<line>.txt (`python -m tools lock --upstream-tests --line X`).

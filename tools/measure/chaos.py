@@ -48,6 +48,7 @@ from typing import Any
 
 from tools.engine.series import read_series_names
 from tools.measure.bench import Stage, load_stages, parse_stages, run_probe, stage_python
+from tools.measure.e2e import procfs
 from tools.shared import pins, table
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
@@ -61,7 +62,6 @@ KINDS = (*KILLS, "sigterm")
 KIB = 1024
 # The patch from whose stage on no task process outlives its worker (found in patches/series by this name).
 ORPHANS_PATCH = "kill-a-dead-localexecutor-workers-task-processes"
-DEAD_STATES = ("gone", "Z", "X")  # a task process in /proc: not there (or its pid reused), a zombie, dead
 ORPHANS_BOUND = "task process dead when its key's terminal state was reported, and after end() returned"
 
 
@@ -207,7 +207,7 @@ def orphaned_task_processes(obs: dict[str, Any]) -> list[str] | None:
     ended = {(task, pid): t for task, pid, t in obs.get("task_exits", [])}
     out = []
     for task, pid, state, when, proc in obs.get("at_report", []):
-        if proc in DEAD_STATES:
+        if proc in procfs.DEAD:
             continue
         end = ended.get((task, pid))
         if end is None:
@@ -218,7 +218,7 @@ def orphaned_task_processes(obs: dict[str, Any]) -> list[str] | None:
             after = "; it was exiting by itself"
         out.append(f"{task}: task process {pid} alive ({proc}) when the key was reported {state}{after}")
     for task, pid, proc in obs.get("after_end", []):
-        if proc not in DEAD_STATES:
+        if proc not in procfs.DEAD:
             out.append(f"{task}: task process {pid} alive ({proc}) after end() returned")
     return out
 

@@ -58,15 +58,18 @@ if str(HARNESS_DIR) not in sys.path:
 import harness  # noqa: E402
 
 
-def _load_bench_probe() -> Any:
-    name = "lepatch_bench_probe"
+def _load(name: str, path: Path) -> Any:
+    """A module of the tools by path (the stage venv has no ``tools`` package)."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, HERE / "bench_probe.py")
+        spec = importlib.util.spec_from_file_location(name, path)
         assert spec and spec.loader
         module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
+        sys.modules[name] = module  # dataclasses look their module up while the class is being made
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+procfs = _load("lepatch_procfs", HERE / "e2e" / "procfs.py")
 
 
 TOKEN = "lepatch-token:"
@@ -79,28 +82,12 @@ WRITE_WCHANS = ("pipe_write", "anon_pipe_write", "pipe_wait_writable")
 # --------------------------------------------------------------------------------------
 
 
-def proc_state(pid: int, starttime: str) -> str:
-    """Process ``pid``'s state in ``/proc`` (R, S, D, Z, X, ...); "gone" if that process is not there.
-    Read from /proc: the chaos JSON records the kernel's state letter and start-time ticks."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return "gone"
-    fields = stat[stat.rindex(")") + 2 :].split()
-    # fields[19] is the start time: another process that got the pid since is not this one.
-    return fields[0] if fields[19] == starttime else "gone"
-
-
-def _starttime(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2 :].split()[19]
-
-
 def _task_process(procs: str, task: str, sleep_ms: int) -> None:
     """The task process: quiet (nothing to the worker), does the task's work, notes when it ends by itself."""
     try:
         me = os.getpid()
-        Path(procs, f"{task}.{me}.{_starttime(me)}.proc").touch()  # the worker may be killed before it does
+        # The worker names it too, but may be killed before it does.
+        Path(procs, f"{task}.{me}.{procfs.stat(me).starttime}.proc").touch()
         if sleep_ms:
             time.sleep(sleep_ms / 1000)
         Path(procs, f"{task}.{me}.{int(time.monotonic() * 1e6)}.exit").touch()
@@ -123,7 +110,7 @@ def chaos_run(workload: Any) -> None:
         _task_process(spec["procs"], task, spec["sleep_ms"])
     # The task process names itself too, at once: this is for a task process that is quick to exit
     # (its start time stays readable until it is waited for).
-    Path(spec["procs"], f"{task}.{child}.{_starttime(child)}.proc").touch()
+    Path(spec["procs"], f"{task}.{child}.{procfs.stat(child).starttime}.proc").touch()
     os.waitpid(child, 0)
     Path(spec["dir"], f"{task}.{pid}.done").touch()
     if spec["fail_bytes"]:
@@ -242,17 +229,6 @@ def worker_pids() -> list[int]:
     return sorted(pids)
 
 
-def wchans(pid: int) -> list[str]:
-    """What each thread sleeps in (psutil does not say: /proc/PID/task/TID/wchan)."""
-    out = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            out.append(Path(f"/proc/{pid}/task/{tid}/wchan").read_text().strip())
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return out
-
-
 def markers(directory: str) -> tuple[list[list[Any]], list[list[Any]]]:
     """(started, done) as [task_id, pid] pairs."""
     started: list[list[Any]] = []
@@ -271,22 +247,22 @@ class TaskProcesses:
         self.t0 = t0
         self.at_report: list[list[Any]] = []  # [task, pid, state reported, t, process state]
 
-    def of(self, task: str | None = None) -> list[tuple[str, int, str]]:
+    def of(self, task: str | None = None) -> list[tuple[str, int, int]]:
         """(task, pid, start time) of each task process named so far (of ``task`` only, if given)."""
         out = []
         for name in os.listdir(self.directory):
             owner, pid, starttime, kind = name.rsplit(".", 3)
             if kind == "proc" and (task is None or owner == task):
-                out.append((owner, int(pid), starttime))
+                out.append((owner, int(pid), int(starttime)))
         return sorted(set(out))
 
     def on_terminal(self, task: str, state: str, when: float) -> None:
         for owner, pid, starttime in self.of(task):
-            self.at_report.append([owner, pid, state, when, proc_state(pid, starttime)])
+            self.at_report.append([owner, pid, state, when, procfs.state(pid, starttime)])
 
     def states(self) -> list[list[Any]]:
         """[task, pid, process state] of every task process, now."""
-        return [[task, pid, proc_state(pid, starttime)] for task, pid, starttime in self.of()]
+        return [[task, pid, procfs.state(pid, starttime)] for task, pid, starttime in self.of()]
 
     def exits(self) -> list[list[Any]]:
         """[task, pid, t] of the task processes that ended by themselves (not killed)."""
@@ -351,7 +327,7 @@ class Injector(threading.Thread):
         last_done = {p: t for t, p in done}
         out = []
         for pid in worker_pids():
-            seen = wchans(pid)
+            seen = procfs.thread_wchans(pid)
             writing = any(w.startswith(WRITE_WCHANS) for w in seen)
             if kind == "kill_running" and pid in open_tasks:
                 out.append((pid, open_tasks[pid], seen))
@@ -481,7 +457,7 @@ def chaos_runs(schedules: list[dict[str, Any]], progress: str) -> int:
     tokens: list[list[Any]] = []
     hook_result_unpickling(tokens)
     current: dict[str, Any] = {}
-    bench_probe = _load_bench_probe()
+    bench_probe = _load("lepatch_bench_probe", HERE / "bench_probe.py")
     watch = bench_probe.Watch(lambda reason: _append(progress, {"run": current.get("run"), "hang": reason}))
     for sched in schedules:
         current["run"] = sched["run"]

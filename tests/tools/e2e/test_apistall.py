@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from e2e_options import e2e_options
 
-from tools.measure.e2e import apistall, driver, uipoll
+from tools.measure.e2e import apistall, driver, procfs, uipoll
 from tools.measure.e2e.apistall import Access, RoundCounts
 from tools.measure.e2e.stack import API_SERVERS
 from tools.measure.e2e.throughput import Figures
@@ -126,7 +126,7 @@ class _FakeRun:
 
 def test_left_running_needs_two_looks(monkeypatch: Any) -> None:
     monkeypatch.setattr(driver, "LEFT_RUNNING_RECHECK_S", 0.0)
-    monkeypatch.setattr(driver, "process_titles", lambda: ["airflow worker -- LocalExecutor: <idle>"])
+    monkeypatch.setattr(procfs, "titles", lambda: ["airflow worker -- LocalExecutor: <idle>"])
     first = [{"id": TI_A, "state": "running"}, {"id": TI_B, "state": "running"}]
     # The second look: TI_B has ended meanwhile (it was between its end and its title going away).
     again = [{"id": TI_A, "state": "running"}, {"id": TI_B, "state": "success"}]

@@ -178,17 +178,6 @@ def _pids_from(path: Path, n: int, timeout: float = 10.0) -> list[int]:
     raise AssertionError(f"the stand-in did not start {n} processes")
 
 
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if procfs.stat(pid).state != "Z":
-                out.append(pid)
-        except procfs.ProcGone:
-            pass
-    return out
-
-
 def _start_stand_in(group: ProcessGroup, tmp_path: Path, n: int) -> list[int]:
     marks = tmp_path / f"pids-{n}.txt"
     group.start(
@@ -206,7 +195,7 @@ def test_stop_leaves_nothing_of_the_worker_trees_running(tmp_path: Path) -> None
     pids = _start_stand_in(group, tmp_path, 1) + _start_stand_in(group, tmp_path, 2)
     assert sorted(group.members()) == sorted(pids)
     out = group.stop(timeout=1.0)
-    assert _alive(pids) == [] and group.members() == []
+    assert procfs.alive(pids) == [] and group.members() == []
     assert out["celery-worker-1"]["graceful"] is False  # SIGTERM ignored: SIGKILLed after the bound
     assert sorted(out["leftover_pids_killed"]["pids"]) == sorted(set(pids) - {p.pid for p in group.procs})
 
@@ -216,7 +205,7 @@ def test_a_keyboard_interrupt_leaves_nothing_running(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt), ProcessGroup() as group:
         pids += _start_stand_in(group, tmp_path, 1)
         raise KeyboardInterrupt
-    assert len(pids) == 3 and _alive(pids) == []
+    assert len(pids) == 3 and procfs.alive(pids) == []
     assert procfs.session_members(group.sids) == []
 
 
@@ -228,7 +217,7 @@ def test_a_celery_stack_waits_for_its_worker_and_stop_ends_the_worker_tree(tmp_p
         f.write("2026-12-05T23:36:30Z [info     ] lepatch1@vm ready.   [celery.apps.worker]\n")
     assert stack._not_ready("dag") == "api-server"  # the worker is ready; no api-server here
     out = stack.stop(timeout=1)
-    assert _alive(pids) == [] and out["celery-worker-1"]["graceful"] is False
+    assert procfs.alive(pids) == [] and out["celery-worker-1"]["graceful"] is False
 
 
 # -- the stack's configuration ----------------------------------------------------------------------
@@ -288,13 +277,13 @@ def test_signal_disposition_reads_proc_status(code: str, want: str) -> None:
     )
     try:
         assert p.stdout is not None and p.stdout.readline() == b"\n"
-        assert celery.signal_disposition(p.pid) == want
+        assert procfs.signal_disposition(p.pid) == want
         assert celery.sigchld_report(os.getpid())["main"] in ("caught", "ignored", "default")
     finally:
         p.kill()
         p.wait()
     with pytest.raises(procfs.ProcGone):
-        celery.signal_disposition(p.pid)
+        procfs.signal_disposition(p.pid)
     assert int(signal.SIGCHLD) == 17  # the bit /proc/PID/status shows it at
 
 

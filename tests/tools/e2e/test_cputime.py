@@ -1,4 +1,4 @@
-"""CPU per finished task by component over the throughput run's window, from synthetic /proc snapshots,
+"""CPU per finished task by component over the throughput run's window, from synthetic snapshots,
 and the ceiling it sets: the split, the diff, reaped children counted once, medians and the table."""
 
 from __future__ import annotations
@@ -13,25 +13,13 @@ from e2e_options import e2e_options
 from tools.measure.e2e import cputime, driver, looptrace, procfs
 from tools.measure.e2e.cputime import SCHED_CHILDREN, SCHEDULER, TASKS, WORKERS, CpuFigures, Root, Snapshot
 
-T = procfs.TICKS
 IDLE = "airflow worker -- LocalExecutor: <idle>"
 BUSY = "airflow worker -- LocalExecutor: 0191c7a4-0000-7000-8000-000000000001"
 
 
-def st(
-    pid: int, ppid: int, own: float = 0.0, reaped: float = 0.0, start: int | None = None, state: str = "S"
-) -> procfs.Stat:
-    """A process with ``own`` seconds of utime (plus a tenth of it as stime) and ``reaped`` of cutime."""
-    u, s = round(own * T * 10 / 11), round(own * T) - round(own * T * 10 / 11)
-    return procfs.Stat(
-        pid,
-        state,
-        ppid,
-        pid,
-        pid,
-        ticks=(u, s, round(reaped * T), 0),
-        starttime=pid if start is None else start,
-    )
+def st(pid: int, ppid: int, own: float = 0.0, reaped: float = 0.0, start: float | None = None) -> procfs.Cpu:
+    """A process with ``own`` seconds of its own CPU and ``reaped`` of its reaped children's."""
+    return procfs.Cpu(pid, ppid, float(pid if start is None else start), own, reaped)
 
 
 ROOTS = [
@@ -77,7 +65,7 @@ def _end() -> Snapshot:
             st(13, 10, 1.5),  # +0.5
             st(22, 12, 15.0),  # a live task process (new)
             st(23, 22, 5.0),  # what it started
-            st(24, 11, 1.0, state="Z"),  # exited, not reaped yet: still its own stat
+            st(24, 11, 1.0),  # exited, not reaped yet: still its own times
             st(50, 12, 4.0, start=2),  # pid 50 again: a new task process
             st(30, 1, 55.0),  # +15
             st(31, 30, 4.0),  # +1
@@ -182,7 +170,7 @@ def test_take_reads_the_titles_of_the_schedulers_children_only() -> None:
 def test_take_reads_this_machine() -> None:
     me = os.getpid()
     snap = cputime.take([Root("driver", me)])
-    assert any(s.pid == me and s.starttime > 0 for s in snap.stats)
+    assert any(s.pid == me and s.created > 0 for s in snap.stats)
 
 
 def test_cores_is_the_affinity_set_lowered_by_a_cgroup_quota(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
-"""/proc reading: wchan classes, worker titles, and which idle worker holds the read lock."""
+"""Processes: wchan classes, worker titles, the idle worker holding the read lock, live processes."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -91,46 +93,58 @@ def test_stat_of_this_process() -> None:
     assert st.ppid == os.getppid()
     assert st.state in "RS"
     assert st.sid == os.getsid(0)
+    assert procfs.ancestors(os.getpid())[:1] == [os.getppid()] and procfs.ancestors(2**22 + 12345) == []
+    assert procfs.cmdline(os.getpid()) in procfs.titles()
+    assert procfs.thread_wchans(os.getpid()) and procfs.thread_wchans(2**22 + 12345) == []
 
 
 def test_vanished_process_raises_procgone() -> None:
     with pytest.raises(procfs.ProcGone):
         procfs.cmdline(2**22 + 12345)
+    assert procfs.or_gone(procfs.wchan, 2**22 + 12345) == procfs.title_of(2**22 + 12345) == "gone"
+    assert procfs.title_of(os.getpid()) not in ("", "gone")
+
+
+def test_alive_as_tells_a_process_from_one_that_reused_its_pid() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        st = procfs.stat(child.pid).starttime
+        assert procfs.alive_as(child.pid, st) and procfs.alive_as(child.pid, 0)  # 0: the pid alone
+        assert not procfs.alive_as(child.pid, st + 1) and procfs.state(child.pid, st + 1) == "gone"
+        child.kill()
+        while procfs.state(child.pid) != "Z":  # killed, not yet waited for
+            time.sleep(0.01)
+        assert not procfs.alive_as(child.pid, st) and procfs.alive([child.pid, os.getpid()]) == [os.getpid()]
+    finally:
+        child.kill()
+        child.wait()
+    assert procfs.state(child.pid, st) == "gone" and not procfs.alive_as(child.pid, st)
 
 
 def test_descendants_walks_the_whole_tree_below_a_pid() -> None:
     stats = [
-        procfs.Stat(10, "S", 1, 10, 10),  # the scheduler
-        procfs.Stat(11, "S", 10, 11, 11),  # a worker (its own session)
-        procfs.Stat(12, "S", 11, 12, 11),  # its task process
-        procfs.Stat(13, "Z", 12, 12, 11),  # what that started, exited
-        procfs.Stat(14, "S", 10, 10, 10),  # another worker
-        procfs.Stat(20, "S", 1, 20, 20),  # unrelated
+        procfs.Stat(10, "S", 1, 10),  # the scheduler
+        procfs.Stat(11, "S", 10, 11),  # a worker (its own session)
+        procfs.Stat(12, "S", 11, 11),  # its task process
+        procfs.Stat(13, "Z", 12, 11),  # what that started, exited
+        procfs.Stat(14, "S", 10, 10),  # another worker
+        procfs.Stat(20, "S", 1, 20),  # unrelated
     ]
     assert sorted(procfs.descendants(10, stats)) == [11, 12, 13, 14]
     assert procfs.descendants(14, stats) == []
     assert os.getpid() not in procfs.descendants(os.getpid())
 
 
-def test_cpu_seconds_of_this_process_grow_with_work_and_count_reaped_children() -> None:
-    import subprocess
-    import sys
+def test_cpu_times_of_this_process_grow_with_work_and_count_reaped_children() -> None:
+    def me() -> procfs.Cpu:
+        return next(c for c in procfs.cpu_all() if c.pid == os.getpid())
 
-    before = procfs.cpu_seconds(os.getpid(), reaped_children=False)
+    before = me()
     end = time.process_time() + 0.2
     while time.process_time() < end:
         pass
-    assert procfs.cpu_seconds(os.getpid(), reaped_children=False) >= before + 0.1
-    with_children = procfs.cpu_seconds(os.getpid())
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass",
-        ],
-        check=True,
-    )
-    assert procfs.cpu_seconds(os.getpid()) >= with_children + 0.2  # the reaped child's time
-    # Own time first: it only grows, so the tree read after it cannot be behind it.
-    own = procfs.cpu_seconds(os.getpid())
-    assert procfs.tree_cpu_seconds(os.getpid()) >= own
+    busy = me()
+    assert busy.own >= before.own + 0.1 and (busy.pid, busy.created) == (before.pid, before.created)
+    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    assert me().reaped >= busy.reaped + 0.2  # the reaped child's time

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 
 import pytest
 
@@ -81,21 +79,6 @@ def test_the_figures_table_has_a_row_per_stage_with_faults_and_violations() -> N
     assert lines[4].endswith("error: stack not ready after 180 s")
     text = soak.stage_text(broken)
     assert "first: overlap at 40.5s" in text and "soak-00003/sleep_0" in text
-
-
-def test_alive_as_tells_a_process_from_one_that_reused_its_pid() -> None:
-    child = subprocess.Popen(["sleep", "30"])
-    try:
-        from tools.measure.e2e import procfs
-
-        st = procfs.stat(child.pid).starttime
-        assert soak.alive_as(child.pid, st)
-        assert not soak.alive_as(child.pid, st + 1)
-    finally:
-        child.kill()
-        child.wait()
-    assert not soak.alive_as(child.pid, st)
-    assert soak.title_of(os.getpid()) != "gone"
 
 
 class _FakePostgres:

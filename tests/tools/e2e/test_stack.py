@@ -96,7 +96,7 @@ def test_postgres_restart_stops_the_server_and_serves_the_same_data_again() -> N
         subprocess.run([*psql, "-c", "create table t (n int); insert into t values (7)"], check=True)
         before = pg.proc.pid
         stopped, ready = pg.restart(0.5)
-        assert pg.proc.pid != before and pg.proc.alive() and not _alive(before)
+        assert pg.proc.pid != before and pg.proc.alive() and not procfs.alive([before])
         assert stopped < 20 and ready < 30
         got = subprocess.run(
             [*psql, "-At", "-c", "select n from t"], capture_output=True, text=True, check=True
@@ -105,10 +105,3 @@ def test_postgres_restart_stops_the_server_and_serves_the_same_data_again() -> N
     finally:
         pg.stop()
     assert not pg.root.exists()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return procfs.stat(pid).state not in ("Z", "X")
-    except procfs.ProcGone:
-        return False

@@ -5,7 +5,9 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+from typing import ClassVar
 
+from tools.measure.e2e import soak
 from tools.measure.e2e.watch import Json, RestApi, RunWatcher, Transition
 
 
@@ -124,7 +126,16 @@ def test_transition_is_plain_data() -> None:
 
 
 class _AllAdmins31(http.server.BaseHTTPRequestHandler):
-    """Airflow 3.1's all-admins API: 401 without a token, a token for anyone at GET /auth/token."""
+    """Airflow 3.1's all-admins API: 401 without a token, a token for anyone at GET /auth/token; a
+    DAG run posted as JSON is created, 409 if its id was posted before."""
+
+    runs: ClassVar[set[str]] = set()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ok = self.headers["Content-Type"] == "application/json" and body["dag_run_id"] not in self.runs
+        self.runs.add(body["dag_run_id"])
+        self._send(200 if ok else 409, {"dag_run_id": body["dag_run_id"]})
 
     def do_GET(self) -> None:
         if self.path == "/auth/token":
@@ -152,6 +163,8 @@ def test_rest_api_fetches_an_all_admins_token_when_the_api_asks_for_one() -> Non
         api = RestApi(f"http://127.0.0.1:{server.server_port}")
         assert api.get("/api/v2/dags/d") == {"dag_id": "d"}
         assert api.get("/api/v2/dags/d", timeout=2.0) == {"dag_id": "d"}
+        # The soak's trigger goes through the same call (tools.measure.e2e.web).
+        assert soak.trigger(api.base, "r1") == "created" and soak.trigger(api.base, "r1") == "exists"
     finally:
         server.shutdown()
         server.server_close()

@@ -9,7 +9,7 @@ One module per concern, each usable and tested on its own:
 - ``venv``: the line's Airflow environment with the overlay (or stage K) installed;
 - ``lock``: ``constraints/e2e-<line>.txt``, that environment as of the line's release day;
 - ``stack``: db migrate, api-server, scheduler, dag-processor (and PostgreSQL), stopped by pid;
-- ``watch``: polling the REST API until the run is final or its deadline passes;
-- ``procfs``: reading /proc to find the worker to kill and to tell a deadlock by its wchans;
+- ``watch``: polling the REST API until the run is final or its deadline passes (``web``: the HTTP call);
+- ``procfs``: processes (psutil, and /proc for what it lacks): the worker to kill, a deadlock by its wchans;
 - ``timeline``: the per-try timeline and summary text.
 """

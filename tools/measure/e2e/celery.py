@@ -204,32 +204,17 @@ class ProcessGroup:
 # -- SIGCHLD evidence ---------------------------------------------------------------------------
 
 
-def signal_disposition(pid: int, sig: int = signal.SIGCHLD) -> str:
-    """``caught``, ``ignored`` or ``default``: what ``pid`` does with ``sig`` (/proc/PID/status)."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError as e:
-        raise procfs.ProcGone(pid) from e
-    masks = dict(re.findall(r"^(SigCgt|SigIgn):\s*([0-9a-f]+)$", text, re.M))
-    bit = 1 << (int(sig) - 1)
-    if int(masks.get("SigCgt", "0"), 16) & bit:
-        return "caught"
-    if int(masks.get("SigIgn", "0"), 16) & bit:
-        return "ignored"
-    return "default"
-
-
 def sigchld_report(worker_pid: int) -> dict[str, Any]:
     """SIGCHLD in the worker's main process and in each prefork pool child (where supervise() runs)."""
     out: dict[str, Any] = {}
     try:
-        out["main"] = signal_disposition(worker_pid)
+        out["main"] = procfs.signal_disposition(worker_pid)
     except procfs.ProcGone:
         return {"main": "gone"}
     pool: dict[str, int] = {}
     for child in procfs.children(worker_pid):
         try:
-            d = signal_disposition(child)
+            d = procfs.signal_disposition(child)
         except procfs.ProcGone:
             continue
         pool[d] = pool.get(d, 0) + 1

@@ -1,10 +1,11 @@
 """The throughput scenario's CPU per finished task, by component, and the ceiling it sets (pure but ``take``).
 
-Two /proc snapshots bound the window: one when the DAG run is triggered, one when the driver sees
-the run final (before the stack stops). A component's CPU in the window is the difference of its
-CPU at the two instants, where a component's CPU at an instant is, over its processes, their own
-time (proc(5) utime + stime, every thread) and what they reaped (cutime + cstime: children that
-exited and were waited for, with everything those had reaped in turn). Components:
+Two snapshots of every process's CPU times (psutil) bound the window: one when the DAG run is
+triggered, one when the driver sees the run final (before the stack stops). A component's CPU in the
+window is the difference of its CPU at the two instants, where a component's CPU at an instant is,
+over its processes, their own time (user + system, every thread) and what they reaped (children_user
++ children_system: children that exited and were waited for, with everything those had reaped in
+turn). Components:
 
 scheduler
     the scheduler process's own threads; the executor runs in them (its ``heartbeat()`` is a call
@@ -29,7 +30,7 @@ reaped it, the one of its nearest ancestor that is still there, since its whole 
 ancestor's cutime now. A process that started and was reaped inside the window is in its reaper's
 cutime at the end and nowhere at the start, so it counts once. What the scheduler itself reaps (a
 worker that exited, with its task processes) cannot be split and counts as workers+supervisors.
-Process identity is pid and start time, so a reused pid is a new process.
+Process identity is pid and psutil's create time, so a reused pid is a new process.
 
 Not counted: the driver (it polls the REST API every ``TP_POLL_INTERVAL``; what that costs the
 api-server is counted there), the ``airflow dags trigger`` CLI process, anything else on the
@@ -81,7 +82,7 @@ TREE = "tree"  # everything to the root's component
 LOCAL_SCHEDULER = "scheduler"  # own -> scheduler; worker children -> workers; below them -> tasks
 WORKER_POOL = "worker-pool"  # own and direct children -> workers; below the children -> tasks
 
-Key = tuple[int, int]  # pid, start time: a reused pid is another process
+Key = tuple[int, float]  # pid, create time: a reused pid is another process
 
 
 @dataclass(frozen=True)
@@ -94,20 +95,20 @@ class Root:
 @dataclass(frozen=True)
 class Snapshot:
     t: float  # time.monotonic() when it was read
-    stats: tuple[procfs.Stat, ...]
+    stats: tuple[procfs.Cpu, ...]
     titles: Mapping[int, str] = field(default_factory=dict)  # the LocalExecutor scheduler's children
 
 
-def _key(s: procfs.Stat) -> Key:
-    return (s.pid, s.starttime)
+def _key(s: procfs.Cpu) -> Key:
+    return (s.pid, s.created)
 
 
 def take(
     roots: Iterable[Root],
-    stats: Callable[[], list[procfs.Stat]] = procfs.all_stats,
+    stats: Callable[[], list[procfs.Cpu]] = procfs.cpu_all,
     title: Callable[[int], str] = procfs.cmdline,
 ) -> Snapshot:
-    """Every process's stat now, and the titles that tell a LocalExecutor worker from another child."""
+    """Every process's CPU times now, and the titles that tell a LocalExecutor worker from another child."""
     t = time.monotonic()
     got = tuple(stats())
     titles: dict[int, str] = {}
@@ -121,8 +122,8 @@ def take(
     return Snapshot(t, got, titles)
 
 
-def _by_parent(snap: Snapshot) -> dict[int, list[procfs.Stat]]:
-    out: dict[int, list[procfs.Stat]] = {}
+def _by_parent(snap: Snapshot) -> dict[int, list[procfs.Cpu]]:
+    out: dict[int, list[procfs.Cpu]] = {}
     for s in snap.stats:
         out.setdefault(s.ppid, []).append(s)
     return out
@@ -168,14 +169,6 @@ def categorise(snap: Snapshot, roots: Iterable[Root]) -> dict[Key, tuple[str, st
     return out
 
 
-def _own(s: procfs.Stat) -> float:
-    return (s.ticks[0] + s.ticks[1]) / procfs.TICKS
-
-
-def _reaped(s: procfs.Stat) -> float:
-    return (s.ticks[2] + s.ticks[3]) / procfs.TICKS
-
-
 def window(start: Snapshot, end: Snapshot, roots: Sequence[Root]) -> dict[str, float]:
     """CPU seconds each component used between the two snapshots."""
     now = categorise(end, roots)
@@ -187,8 +180,8 @@ def window(start: Snapshot, end: Snapshot, roots: Sequence[Root]) -> dict[str, f
 
     for s in end.stats:
         if (cat := now.get(_key(s))) is not None:
-            add(cat[0], _own(s))
-            add(cat[1], _reaped(s))
+            add(cat[0], s.own)
+            add(cat[1], s.reaped)
     then = {s.pid: s for s in start.stats}
     for s in start.stats:
         k = _key(s)
@@ -196,15 +189,15 @@ def window(start: Snapshot, end: Snapshot, roots: Sequence[Root]) -> dict[str, f
             continue
         if k in now:
             # Its end categories, not its start ones: a worker's title changes, not what it is.
-            add(now[k][0], -_own(s))
-            add(now[k][1], -_reaped(s))
+            add(now[k][0], -s.own)
+            add(now[k][1], -s.reaped)
             continue
         # Gone: all of its time is in the cutime of its nearest ancestor still there.
         parent = then.get(s.ppid)
         while parent is not None and _key(parent) not in now:
             parent = then.get(parent.ppid)
         if parent is not None:
-            add(now[_key(parent)][1], -(_own(s) + _reaped(s)))
+            add(now[_key(parent)][1], -(s.own + s.reaped))
         # No ancestor left (the component's root itself is gone): its time reached nobody we read.
     return out
 

@@ -542,7 +542,7 @@ def kill_orphan(run: Run) -> None:
         if len(first) < ORPHAN_MARKS_BEFORE_KILL:
             time.sleep(0.05)
             continue
-        lineage = _ancestors(first[-1].pid)
+        lineage = procfs.ancestors(first[-1].pid)
         for w in procfs.workers_of(sched):
             if not w.busy_with or w.pid not in lineage:
                 continue
@@ -583,10 +583,10 @@ def measure_orphan(run: Run, final: bool, run_state: str | None) -> list[str]:
     pids = [int(p) for p in run.extra.get("killed_task_pids", [])]
     # An orphan marks until its body ends, ORPHAN_SECONDS after it started; give it that, and a bit.
     give_up = time.monotonic() + max(0.0, float(kill_wall) + ORPHAN_SECONDS + 5 - time.time())
-    alive = _alive(pids)
+    alive = procfs.alive(pids)
     while alive and time.monotonic() < give_up:
         time.sleep(0.5)
-        alive = _alive(pids)
+        alive = procfs.alive(pids)
     fig = orphan.figures(
         orphan.read_marks(run.home / ORPHAN_MARKS_FILE), float(kill_wall), run.kill.try_number or 1
     )
@@ -595,29 +595,6 @@ def measure_orphan(run: Run, final: bool, run_state: str | None) -> list[str]:
     run.extra["orphan_summary"] = fig.text()
     run.event(f"marks: {fig.text()}" + (f"; task pids {alive} still alive" if alive else ""))
     return orphan.judge_marks(fig, final, run_state)
-
-
-def _ancestors(pid: int) -> list[int]:
-    """``pid``'s parent, grandparent, ... up to init; empty when ``pid`` is gone."""
-    out: list[int] = []
-    while pid > 1 and len(out) < 64:
-        try:
-            pid = procfs.stat(pid).ppid
-        except procfs.ProcGone:
-            break
-        out.append(pid)
-    return out
-
-
-def _alive(pids: Iterable[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if procfs.stat(pid).state != "Z":
-                out.append(pid)
-        except procfs.ProcGone:
-            pass
-    return out
 
 
 def sigterm_scheduler(run: Run) -> str | None:
@@ -634,7 +611,7 @@ def sigterm_scheduler(run: Run) -> str | None:
     try:
         popen.wait(run.opts.stop_bound)
     except subprocess.TimeoutExpired:
-        waits = [f"scheduler:{_wchan_or_gone(sched)}"]
+        waits = [f"scheduler:{procfs.or_gone(procfs.wchan, sched)}"]
         waits += [f"{w.pid}:{w.wchan}" for w in procfs.workers_of(sched)]
         run.extra["scheduler_stop_seconds"] = None
         run.event(
@@ -681,10 +658,10 @@ def sigterm_running(run: Run) -> None:
     if problem:
         run.failures.append(problem)
     # Patched workers lead sessions of their own; unpatched ones share the scheduler's.
-    left = sorted(set(_alive(below)) | set(procfs.session_members([sched, *workers])))
+    left = sorted(set(procfs.alive(below)) | set(procfs.session_members([sched, *workers])))
     run.extra["left_behind"] = left
     if left:
-        named = ", ".join(f"{pid} ({_title_or_gone(pid)})" for pid in left[:6])
+        named = ", ".join(f"{pid} ({procfs.title_of(pid)})" for pid in left[:6])
         run.failures.append(f"{len(left)} process(es) left behind after the scheduler exited: {named}")
         run.event(f"left behind: {named}; SIGKILL")
         procfs.kill_pids(left)
@@ -702,15 +679,6 @@ def sigterm_running(run: Run) -> None:
     )
     proc = run.stack.restart("scheduler")
     run.event(f"scheduler started again, pid {proc.pid}")
-
-
-def _alive_as(pid: int, pst: int) -> bool:
-    """Whether ``pid`` is still the process whose /proc starttime was ``pst`` (and not a zombie)."""
-    try:
-        st = procfs.stat(pid)
-    except procfs.ProcGone:
-        return False
-    return (st.starttime == pst or not pst) and st.state not in ("Z", "X")
 
 
 class ScaleWatch:
@@ -746,7 +714,7 @@ class ScaleWatch:
             for earlier in self.seen.values():
                 if earlier.task_id != job.task_id or earlier.try_number >= job.try_number:
                     continue
-                if _alive_as(earlier.pid, earlier.pst):
+                if procfs.alive_as(earlier.pid, earlier.pst):
                     a = scale.AliveAtRetry(
                         time.time(), job.task_id, earlier.try_number, earlier.pid, job.try_number, job.start
                     )
@@ -804,11 +772,11 @@ def measure_scale(run: Run, tasks: Mapping[str, TaskSnap], final: bool, stop_inf
     watch: ScaleWatch | None = run.extra.pop("scale_watch", None)
     jobs = scale.read_jobs(jobs_dir)
     left = [
-        f"job {j.task_id} try {j.try_number} pid {j.pid} ({_title_or_gone(j.pid)})"
+        f"job {j.task_id} try {j.try_number} pid {j.pid} ({procfs.title_of(j.pid)})"
         for j in jobs
-        if not j.ended and j.pst and _alive_as(j.pid, j.pst)
+        if not j.ended and j.pst and procfs.alive_as(j.pid, j.pst)
     ]
-    procfs.kill_pids([j.pid for j in jobs if not j.ended and j.pst and _alive_as(j.pid, j.pst)])
+    procfs.kill_pids([j.pid for j in jobs if not j.ended and j.pst and procfs.alive_as(j.pid, j.pst)])
     if killed := (stop_info.get("leftover_pids_killed") or {}).get("pids"):
         left.append(f"{len(killed)} process(es) of the stack the stop had to kill: {killed[:10]}")
     verdict = scale.judge(
@@ -867,42 +835,19 @@ def component_pool_timeouts(logs: Path, texts: Mapping[str, str | None] | None =
     return out
 
 
-def _title_or_gone(pid: int) -> str:
-    try:
-        return procfs.cmdline(pid)[:60]
-    except procfs.ProcGone:
-        return "gone"
-
-
-def _wchan_or_gone(pid: int) -> str:
-    try:
-        return procfs.wchan(pid)
-    except procfs.ProcGone:
-        return "gone"
-
-
 # A task instance is left running with no process when two looks this far apart both find it so.
 LEFT_RUNNING_RECHECK_S = 3.0
-
-
-def process_titles() -> list[str]:
-    """Every live process's title (a task process's names its task instance)."""
-    out = []
-    for pid in procfs.all_pids():
-        with contextlib.suppress(procfs.ProcGone):
-            out.append(procfs.cmdline(pid))
-    return out
 
 
 def _left_running(run: Run, tis: list[Json]) -> list[str]:
     """The task instances still ``running`` with no process naming them, in two looks a few seconds
     apart (a task process sets its title only after its start)."""
-    first = apistall.running_without_process(tis, process_titles())
+    first = apistall.running_without_process(tis, procfs.titles())
     if not first:
         return []
     time.sleep(LEFT_RUNNING_RECHECK_S)
     again = _safe(partial(run.api.task_instances, run.dag.dag_id, run.run_id)) or tis
-    left = [ti for ti in apistall.running_without_process(again, process_titles()) if ti in first]
+    left = [ti for ti in apistall.running_without_process(again, procfs.titles()) if ti in first]
     if left:
         run.event(f"{len(left)} task instance(s) running with no process: {', '.join(left[:5])}")
     return left

@@ -16,9 +16,7 @@ pyjwt 2.11.0: 3.1.6's api-server fails every token with "Issuer (iss) must be a 
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.request
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any
 from tools.engine import fetch
 from tools.engine.lock import compile_requirements
 from tools.engine.venvs import oldest_python
+from tools.measure.e2e import web
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
@@ -42,12 +41,12 @@ SimplePage = Callable[[str], dict[str, Any]]
 
 
 def pypi_simple(name: str) -> dict[str, Any]:
-    request = urllib.request.Request(
-        SIMPLE_URL.format(name=name), headers={"Accept": "application/vnd.pypi.simple.v1+json"}
-    )
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            data: dict[str, Any] = json.load(response)
+        data: dict[str, Any] = web.call(
+            SIMPLE_URL.format(name=name),
+            headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+            timeout=60,
+        )
     except (OSError, ValueError) as exc:
         raise ToolError(f"cannot read {SIMPLE_URL.format(name=name)} (PyPI simple JSON API): {exc}") from exc
     return data

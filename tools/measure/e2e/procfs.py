@@ -1,4 +1,4 @@
-"""What /proc says about LocalExecutor's worker processes, for the e2e session.
+"""Processes as the e2e session and the chaos probe see them: psutil, plus what it does not give.
 
 LocalExecutor forks its workers from the scheduler and names them through setproctitle:
 
@@ -15,40 +15,58 @@ holds the lock sleeps in the kernel's pipe read (``/proc/PID/wchan`` is ``pipe_r
 session which idle worker to kill to take the lock down with it. With an input queue per worker
 every idle worker sleeps in its own pipe read.
 
-Everything here reads /proc and sends signals by pid; nothing matches process names globally.
+psutil lists the processes and gives their parents and CPU times. Read from /proc here, and nowhere
+else in the tools: where threads sleep (``wchan``) and a signal's disposition (``SigCgt``/``SigIgn`` of
+``/proc/PID/status``), which psutil does not give; a process's state, parent, session and start time
+(``stat``), whose start time in clock ticks after boot is the identity the e2e DAGs' jobs and the
+chaos probe's task processes record about themselves (bash reads ``/proc/$$/stat``; psutil's
+``create_time()`` adds the boot time in wall seconds, which moves when the clock is set); the title,
+which kill-queued reads for every worker each millisecond, racing its fork (psutil's ``cmdline()``
+costs 8 to 20 times the read, measured with 330 processes). Signals go by pid; nothing matches
+process names globally. The standard library alone is imported at load: the chaos probe loads this
+file by path in a stage venv.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 WORKER_TITLE_PREFIX = "airflow worker -- LocalExecutor"
 IDLE_MARK = "<idle>"
+# A process's state when it is no longer running: not there (or its pid taken by another), a zombie, dead.
+DEAD = ("gone", "Z", "X")
 
 
 class ProcGone(Exception):
     """The process exited while we looked at it."""
 
 
+def _psutil() -> Any:
+    # why on first use: `python -m tools` imports this module for every command, and nox's own
+    # interpreter has psutil only once `nox -s e2e` or `nox -s soak` has installed it.
+    import psutil
+
+    return psutil
+
+
 def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read()
-    except (FileNotFoundError, ProcessLookupError) as e:
-        raise ProcGone(path) from e
-    except OSError as e:  # ESRCH while the process is being reaped
+    except OSError as e:  # no such file, or ESRCH while the process is being reaped
         raise ProcGone(path) from e
 
 
 def cmdline(pid: int) -> str:
     """The process title (setproctitle rewrites argv, so this is what ``ps`` shows)."""
-    raw = _read(f"/proc/{pid}/cmdline")
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    return _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def wchan(pid: int) -> str:
@@ -56,7 +74,38 @@ def wchan(pid: int) -> str:
     return _read(f"/proc/{pid}/wchan").decode(errors="replace").strip()
 
 
-TICKS = os.sysconf("SC_CLK_TCK")
+def thread_wchans(pid: int) -> list[str]:
+    """Where each thread of ``pid`` sleeps; empty when it is gone."""
+    out = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcGone):
+                out.append(_read(f"/proc/{pid}/task/{tid}/wchan").decode(errors="replace").strip())
+    return out
+
+
+def or_gone(read: Callable[[int], str], pid: int) -> str:
+    """``read(pid)``, or "gone": for a message."""
+    try:
+        return read(pid)
+    except ProcGone:
+        return "gone"
+
+
+def title_of(pid: int) -> str:
+    """The title for a message (80 characters at most), or "gone"."""
+    return or_gone(cmdline, pid)[:80]
+
+
+def signal_disposition(pid: int, sig: int = signal.SIGCHLD) -> str:
+    """``caught``, ``ignored`` or ``default``: what ``pid`` does with ``sig``."""
+    text = _read(f"/proc/{pid}/status").decode(errors="replace")
+    masks = dict(re.findall(r"^(SigCgt|SigIgn):\s*([0-9a-f]+)$", text, re.M))
+    bit = 1 << (int(sig) - 1)
+    for mask, what in (("SigCgt", "caught"), ("SigIgn", "ignored")):
+        if int(masks.get(mask, "0"), 16) & bit:
+            return what
+    return "default"
 
 
 @dataclass(frozen=True)
@@ -64,60 +113,58 @@ class Stat:
     pid: int
     state: str  # R, S, D, T (stopped), Z ...
     ppid: int
-    pgid: int
     sid: int
-    # Clock ticks of proc(5) fields 14-17: utime, stime, cutime, cstime (its threads, then its
-    # reaped children).
-    ticks: tuple[int, int, int, int] = (0, 0, 0, 0)
     # Field 22, clock ticks after boot: with the pid, it tells a process from one that reuses its pid.
     starttime: int = 0
-
-    def cpu_seconds(self, reaped_children: bool = True) -> float:
-        """CPU time it used (all its threads), plus what its reaped children used if asked."""
-        used = sum(self.ticks) if reaped_children else self.ticks[0] + self.ticks[1]
-        return used / TICKS
 
 
 def stat(pid: int) -> Stat:
     raw = _read(f"/proc/{pid}/stat").decode(errors="replace")
     # The command name is in parentheses and may itself contain spaces or parentheses.
     rest = raw[raw.rindex(")") + 2 :].split()  # rest[0] is field 3
-    u, s, cu, cs = (int(x) for x in rest[11:15])
-    return Stat(
-        pid=pid,
-        state=rest[0],
-        ppid=int(rest[1]),
-        pgid=int(rest[2]),
-        sid=int(rest[3]),
-        ticks=(u, s, cu, cs),
-        starttime=int(rest[19]),
-    )
-
-
-def cpu_seconds(pid: int, reaped_children: bool = True) -> float:
-    return stat(pid).cpu_seconds(reaped_children)
-
-
-def tree_cpu_seconds(pid: int, stats: Iterable[Stat] | None = None) -> float:
-    """CPU time of ``pid`` and everything below it, live or reaped (a process that exited and was
-    never waited for is not counted: its time reaches nobody)."""
-    stats = list(stats if stats is not None else all_stats())
-    by_pid = {s.pid: s for s in stats}
-    return sum(by_pid[p].cpu_seconds() for p in [pid, *descendants(pid, stats)] if p in by_pid)
-
-
-def all_pids() -> Iterator[int]:
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            yield int(name)
+    return Stat(pid, rest[0], int(rest[1]), int(rest[3]), int(rest[19]))
 
 
 def all_stats() -> list[Stat]:
     out = []
-    for pid in all_pids():
+    for pid in _psutil().pids():
         with contextlib.suppress(ProcGone):
             out.append(stat(pid))
     return out
+
+
+def state(pid: int, starttime: int = 0) -> str:
+    """``pid``'s state letter; "gone" when it is not there, or is not the process that started at
+    ``starttime`` (0: not known, the pid alone)."""
+    try:
+        st = stat(pid)
+    except ProcGone:
+        return "gone"
+    return st.state if st.starttime == starttime or not starttime else "gone"
+
+
+def alive_as(pid: int, starttime: int) -> bool:
+    """Whether ``pid`` is still the process that started at ``starttime`` (0: any), and not a zombie."""
+    return state(pid, starttime) not in DEAD
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    """Those of ``pids`` still there and not zombies."""
+    return [pid for pid in pids if state(pid) not in DEAD]
+
+
+def ancestors(pid: int) -> list[int]:
+    """``pid``'s parent, grandparent, ... up to init; empty when ``pid`` is gone."""
+    ps = _psutil()
+    try:
+        return [p.pid for p in ps.Process(pid).parents()]
+    except ps.NoSuchProcess:
+        return []
+
+
+def titles() -> list[str]:
+    """Every process's title ("gone" for one that exited meanwhile)."""
+    return [or_gone(cmdline, pid) for pid in _psutil().pids()]
 
 
 def children(pid: int, stats: Iterable[Stat] | None = None) -> list[int]:
@@ -143,6 +190,27 @@ def session_members(sids: Iterable[int]) -> list[int]:
     """Every live process in the given sessions, including orphans reparented to init."""
     wanted = set(sids)
     return [s.pid for s in all_stats() if s.sid in wanted and s.state != "Z"]
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """One process's CPU time (psutil's ``cpu_times()``), by the identity psutil gives it."""
+
+    pid: int
+    ppid: int
+    created: float  # create_time(): the same for one process within this driver (psutil caches it)
+    own: float  # seconds its threads ran (user + system)
+    reaped: float  # what its reaped children ran, with what they had reaped in turn
+
+
+def cpu_all() -> list[Cpu]:
+    """Every process's CPU time now."""
+    out = []
+    for p in _psutil().process_iter(["ppid", "create_time", "cpu_times"]):
+        ppid, created, t = p.info["ppid"], p.info["create_time"], p.info["cpu_times"]
+        if t is not None and ppid is not None and created is not None:  # None: not allowed to read
+            out.append(Cpu(p.pid, ppid, created, t.user + t.system, t.children_user + t.children_system))
+    return out
 
 
 # -- worker classification ------------------------------------------------------------------
@@ -254,10 +322,10 @@ def wait_stopped(pid: int, timeout: float = 2.0) -> bool:
     """Wait until a SIGSTOPped process is really stopped (its syscalls, e.g. a fork, returned)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            if stat(pid).state in ("T", "t"):
-                return True
-        except ProcGone:
+        now = state(pid)
+        if now in ("T", "t"):
+            return True
+        if now == "gone":
             return False
         time.sleep(0.0005)
     return False

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -42,13 +41,12 @@ import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tools.measure.e2e import looptrace, procfs, session, soak_check, soak_faults
+from tools.measure.e2e import looptrace, procfs, session, soak_check, soak_faults, web
 from tools.measure.e2e.cli import line_of, parse_stage, parse_stages
 from tools.measure.e2e.driver import DAGS_DIR, POOL_HEADROOM, stage_label
 from tools.measure.e2e.soak_check import Incarnation, LeftAlive, TiRow, Verdict, Violation
@@ -95,12 +93,13 @@ class SoakOptions:
 
 def trigger(api: str, run_id: str, timeout: float = 5.0) -> str:
     """POST one DAG run; "created", "exists" (an earlier try got through) or raises OSError."""
-    url = f"{api}/api/v2/dags/{DAG_ID}/dagRuns"
-    body = json.dumps({"dag_run_id": run_id, "logical_date": None}).encode()
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout):
-            return "created"
+        web.call(
+            f"{api}/api/v2/dags/{DAG_ID}/dagRuns",
+            {"dag_run_id": run_id, "logical_date": None},
+            timeout=timeout,
+        )
+        return "created"
     except urllib.error.HTTPError as e:
         if e.code == 409:
             return "exists"
@@ -137,22 +136,6 @@ def db_tis(pg: Postgres, db_url: str) -> list[TiRow]:
         f"from task_instance where dag_id = '{DAG_ID}'{live}"
     )
     return [TiRow(r[0], r[1], r[2], int(r[3]), r[4] or None, int(r[5])) for r in psql(pg, db_url, sql)]
-
-
-def alive_as(pid: int, pst: int) -> bool:
-    """Whether ``pid`` is still the process that had /proc starttime ``pst`` (and not a zombie)."""
-    try:
-        st = procfs.stat(pid)
-    except procfs.ProcGone:
-        return False
-    return st.starttime == pst and st.state not in ("Z", "X")
-
-
-def title_of(pid: int) -> str:
-    try:
-        return procfs.cmdline(pid)[:80]
-    except procfs.ProcGone:
-        return "gone"
 
 
 # -- one stage ---------------------------------------------------------------------------------
@@ -395,7 +378,7 @@ class StageSoak:
             for a in soak_check.attempts(soak_check.read_records(self.records))
             if a.child and a.child[2] > t_exit
         }
-        left = {(p, st) for p, st in below if alive_as(p, st) and (p, st) not in allowed}
+        left = {(p, st) for p, st in below if procfs.alive_as(p, st) and (p, st) not in allowed}
         # Unpatched workers stay in the scheduler's session; whatever is still there was below it.
         left |= {
             (s.pid, s.starttime)
@@ -404,7 +387,7 @@ class StageSoak:
         }
         for pid, _ in sorted(left):
             self.left_alive.append(
-                LeftAlive(t_exit, pid, title_of(pid), f"after scheduler {proc.pid} exited ({how})")
+                LeftAlive(t_exit, pid, procfs.title_of(pid), f"after scheduler {proc.pid} exited ({how})")
             )
         procfs.kill_pids(sorted(p for p, _ in left))
         self.trace_n += 1
@@ -511,8 +494,8 @@ class StageSoak:
         self.incarnations[-1].until = now
         atts = soak_check.attempts(soak_check.read_records(self.records))
         for pid, pst, gone_by, what in soak_check.recorded_processes(atts):
-            if now > gone_by + END_GRACE_S and alive_as(pid, pst):
-                self.left_alive.append(LeftAlive(now, pid, title_of(pid), f"at the end ({what})"))
+            if now > gone_by + END_GRACE_S and procfs.alive_as(pid, pst):
+                self.left_alive.append(LeftAlive(now, pid, procfs.title_of(pid), f"at the end ({what})"))
         for n, inc in enumerate(self.incarnations, 1):
             inc.loops = soak_check.read_loops(self._trace_file(n))
         try:

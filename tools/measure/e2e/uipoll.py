@@ -129,6 +129,8 @@ def read_records(path: Path) -> list[PollRecord]:
 # -- the HTTP side ----------------------------------------------------------------------------------
 
 
+# why not web.call (urllib): the login answers 307 with the token in its Set-Cookie, which urllib
+# would follow and lose, and every status is a record here, not an exception to catch.
 def _request(
     host: str, port: int, path: str, token: str | None, timeout: float
 ) -> tuple[int, dict[str, str], bytes]:

@@ -8,15 +8,15 @@ clock are injected, so tests drive it with fakes.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
+
+from tools.measure.e2e import web
 
 Json = dict[str, Any]
 
@@ -52,11 +52,8 @@ class RestApi:
         return self._get(path, timeout)
 
     def _get(self, path: str, timeout: float | None) -> Json:
-        request = urllib.request.Request(self.base + path)
-        if self._token:
-            request.add_header("Authorization", f"Bearer {self._token}")
-        with urllib.request.urlopen(request, timeout=timeout or self.timeout) as r:
-            return cast(Json, json.loads(r.read()))
+        auth = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        return cast(Json, web.call(self.base + path, headers=auth, timeout=timeout or self.timeout))
 
     def _run_path(self, dag_id: str, run_id: str) -> str:
         q = urllib.parse.quote

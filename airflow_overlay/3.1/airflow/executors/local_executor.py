@@ -154,7 +154,7 @@ def _exited(proc: multiprocessing.Process, timeout: float = 0.0) -> bool:
     return _until(lambda: _unreaped(proc) is not False, timeout)
 
 
-def _stat_fields(pid: int | str) -> list[bytes] | None:
+def _stat_fields(pid: int) -> list[bytes] | None:
     """The fields of ``/proc/<pid>/stat`` from the state on (state, ppid, pgrp, session...); None if gone."""
     with contextlib.suppress(OSError), open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
@@ -175,12 +175,10 @@ def _adopt_orphans() -> None:
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
-def _left_behind(pid: int | str) -> bool:
+def _left_behind(pid: int) -> bool:
     """Whether process ``pid`` is a child of this process that exited workers left (module docstring)."""
     f = _stat_fields(pid)
-    return (
-        f is not None and int(f[1]) == os.getpid() and int(f[3]) != os.getsid(0) and int(pid) not in _WORKERS
-    )
+    return f is not None and int(f[1]) == os.getpid() and int(f[3]) != os.getsid(0) and pid not in _WORKERS
 
 
 def _reap(pids: list[int]) -> bool:
@@ -727,7 +725,7 @@ class LocalExecutor(BaseExecutor):
         spared: set[int] = set()  # another user's (run_as_user): it may not be signalled from here
 
         def killed_all() -> bool:
-            found = [int(e) for e in os.listdir("/proc") if e.isdigit() and _left_behind(e)]
+            found = [int(e) for e in os.listdir("/proc") if e.isdigit() and _left_behind(int(e))]
             found = [pid for pid in found if pid not in spared]
             for pid in found:
                 try:
