@@ -109,7 +109,12 @@ def test_a_failed_command_is_named_with_the_end_of_its_output_from_the_error_on(
 
 def test_another_task_sdk_release_gets_its_own_upstream_tests_venv(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[tuple[object, ...]] = []
-    monkeypatch.setattr(venvs, "make", lambda *a, **k: made.append((*a[1:4], k["wheels"])) or a[0])
+
+    def make(venv: Path, *a: object, wheels: object, **k: object) -> Path:
+        made.append((*a[:3], wheels))
+        return venv
+
+    monkeypatch.setattr(venvs, "make", make)
     monkeypatch.setattr(fetch, "ensure_pin", lambda pin, version=None, layout=None: Path(f"/{version}"))
     monkeypatch.setattr(venvs, "interpreter_for", lambda wheel, python=None: "py")
     line, tests = pins.get_line("3.3"), [*venvs.TEST_PACKAGES, *venvs.UPSTREAM_TEST_PACKAGES]

@@ -428,8 +428,13 @@ def test_check_install_installs_through_an_operators_own_pip_with_the_lines_cons
     for req in reqs:
         (tmp_path / f"{req.replace('-', '_').replace('==', '-')}+{label}-py3-none-any.whl").touch()
     made: list[tuple[tuple[object, ...], dict[str, object]]] = []
-    monkeypatch.setattr(venvs, "make", lambda *a, **k: made.append((a, k)) or pytest.fail("stop"))
-    with pytest.raises(pytest.fail.Exception, match="stop"):
+
+    def make(*a: object, **k: object) -> Path:
+        made.append((a, k))
+        raise wheels_check.CheckError("stop")
+
+    monkeypatch.setattr(venvs, "make", make)
+    with pytest.raises(wheels_check.CheckError, match="stop"):
         wheels_check.check_line(line, tmp_path, sys.executable)
     lock, celery = wheels_check.constraints_for(line)
     reqs += [f"{wheels_check.CELERY}=={celery}"] if celery else []

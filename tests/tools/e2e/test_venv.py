@@ -90,7 +90,7 @@ def test_the_wheel_is_installed_with_the_venvs_core_and_task_sdk_named_beside_it
     monkeypatch.setattr(
         fetch, "ensure_pin", lambda pin, version, layout: Path(f"/cache/{pin.file.name}-{version}")
     )
-    monkeypatch.setattr(venvs, "run_uv", lambda *a, **k: uv.append(a) or "")
+    monkeypatch.setattr(venvs, "run_uv", lambda *a, **k: uv.append(a))
     source = v.install_package(tmp_path / "dist")
     airflow = ("/cache/local_executor.py-3.1.6", "/cache/supervisor.py-1.1.6")
     assert uv == [("pip", "install", "--python", str(v.python), "--quiet", *airflow, str(wheel))]
@@ -136,7 +136,12 @@ def test_back_to_base_uninstalls_the_package_and_reinstalls_the_pinned_wheels_ov
     dists = {package.DIST_NAME: "3.3.2.post10", pins.DISTRIBUTION: "3.3.2+lepatch.10", "x": "1.3.2"}
     listing = json.dumps([{"name": d, "version": ver} for d, ver in dists.items()])
     uv: list[tuple[str, ...]] = []
-    monkeypatch.setattr(venvs, "run_uv", lambda *a, **k: uv.append(a) or (listing if a[1] == "list" else ""))
+
+    def fake_uv(*a: str, **k: object) -> str:
+        uv.append(a)
+        return listing if a[1] == "list" else ""
+
+    monkeypatch.setattr(venvs, "run_uv", fake_uv)
     monkeypatch.setattr(fetch, "ensure_pin", lambda pin, version, layout: Path(f"/{version}.whl"))
     monkeypatch.setattr(AirflowVenv, "sources", lambda self, stage: {"stage": str(stage).encode()})
     monkeypatch.setattr(venvs, "install_sources", lambda python, sources: uv.append(tuple(sources)))
