@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tools.delivery import wheels
-from tools.engine import fetch, venvs
+from tools.engine import venvs
 from tools.shared import pins
 from tools.shared.layout import DEFAULT as LAYOUT
 
@@ -74,7 +74,7 @@ def test_each_core_release_gets_its_own_supervisor_fix(tmp_path: Path, line: pin
     assert before.returncode == 1, f"the stall does not reproduce on task-sdk {sdk}:\n{before.stdout[-2000:]}"
 
     built = wheels.build_line(line, tmp_path / "wheels", core=core)
-    venvs.run_uv("pip", "install", "--quiet", "--no-deps", "--python", str(py), *map(str, built))
+    venvs.pip(py, "install", "--quiet", "--no-deps", *map(str, built))
     env = wheels.inspect(py)
     assert set(env.records) == {pins.DISTRIBUTION, pins.SUPERVISOR.distribution} and not env.changed()
     overlay = wheels.overlay_root(line, pins.SUPERVISOR.distribution, sdk)
@@ -84,11 +84,8 @@ def test_each_core_release_gets_its_own_supervisor_fix(tmp_path: Path, line: pin
     assert after.returncode == 0, after.stdout[-2000:]
 
     # the way back: PyPI's wheels of the same release reinstalled over the patched ones
-    pinned = [
-        fetch.ensure_pin(pin, v) for pin, v in zip(venvs.release_pins(core, sdk), (core, sdk), strict=True)
-    ]
-    venvs.run_uv(
-        "pip", "install", "--quiet", "--no-deps", "--reinstall", "--python", str(py), *map(str, pinned)
+    venvs.pip(
+        py, "install", "--quiet", "--no-deps", "--reinstall", *map(str, venvs.release_wheels(core, sdk))
     )
     assert (executor.read_bytes(), supervisor.read_bytes()) == originals
     assert not wheels.inspect(py).records

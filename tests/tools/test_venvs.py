@@ -1,4 +1,4 @@
-"""``venvs.ensure_release``: a venv of any core release a line covers, with the task-sdk it requires."""
+"""``venvs``: the one builder (``make``, uv or an operator's pip), its installs, and the venvs over it."""
 
 from __future__ import annotations
 
@@ -51,21 +51,14 @@ def test_ensure_release_installs_both_verified_wheels_once(
     kw = {"packages": ["apache-airflow[postgres]==3.3.0"], "constraints": lock, "python": sys.executable}
     py = venvs.ensure_release(venv, "3.3.0", say=said.append, **kw)  # type: ignore[arg-type]
     assert py == venv / "bin" / "python"
-    assert uv[1] == (
-        "pip",
-        "install",
-        "--quiet",
-        "--python",
-        str(py),
-        "-c",
-        str(lock),
-        "/cache/local_executor.py-3.3.0",
-        "/cache/supervisor.py-1.3.0",
-        "apache-airflow[postgres]==3.3.0",
-    )
+    wheels = ("/cache/local_executor.py-3.3.0", "/cache/supervisor.py-1.3.0")
+    install = ("pip", "install", "--python", str(py), "--quiet")
+    assert uv[1] == (*install, "-c", str(lock), *wheels, "apache-airflow[postgres]==3.3.0")
     what = "apache-airflow-core 3.3.0, apache-airflow-task-sdk 1.3.0, apache-airflow[postgres]==3.3.0"
     assert said == [f"creating {venv}: {what} (uv)"]
     stamp = json.loads((venv / "lepatch-stamp.json").read_text())
+    # the keys venvs made before make() composed the stamp carry: those venvs are reused as they are
+    assert set(stamp) == {"python", "release", "wheel_sha256", "packages", "constraints_sha256"}
     assert stamp["release"] == ["3.3.0", "1.3.0"]
     assert stamp["wheel_sha256"] == [
         pins.get_line("3.3").covers["3.3.0"],
@@ -78,3 +71,55 @@ def test_ensure_release_installs_both_verified_wheels_once(
     assert len(uv) == 4  # another lock: made again
     venvs.ensure_release(tmp_path / "bare", "3.3.0", python=sys.executable)
     assert "-c" not in uv[-1]  # no constraints: an operator's plain resolution
+
+
+def test_a_venv_for_the_operators_pip_is_made_afresh_by_python_m_venv_and_its_own_pip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[tuple[list[str], dict[str, str]]] = []
+
+    def fake_run(cmd: list[object], *, env: dict[str, str] | None = None, **kw: object) -> str:
+        ran.append(([str(c) for c in cmd], env or {}))
+        return '[{"name": "Apache-Airflow-Core", "version": "3.3.2+lepatch.10"}]'
+
+    monkeypatch.setattr(venvs, "run", fake_run)
+    monkeypatch.setattr(venvs, "run_uv", lambda *a, **k: pytest.fail("uv is not the operator's pip"))
+    monkeypatch.setenv("PIP_CONSTRAINT", "/elsewhere.txt")
+    lock, venv, args = tmp_path / "c.txt", tmp_path / "v", ["--find-links", "dist/wheels", "x==1"]
+    py = venvs.make(venv, sys.executable, args, lock, own_pip=True)
+    venvs.make(venv, sys.executable, args, lock, own_pip=True)  # no stamp: made afresh each time
+    assert [cmd for cmd, _ in ran] == 2 * [
+        [sys.executable, "-m", "venv", str(venv)],
+        [str(py), "-m", "pip", "install", "--quiet", "-c", str(lock), *args],
+    ]
+    assert "PIP_CONSTRAINT" not in ran[1][1]  # the line's constraints alone decide
+    assert venvs.installed(py, own_pip=True) == {"apache-airflow-core": "3.3.2+lepatch.10"}
+    assert ran[-1][0] == [str(py), "-m", "pip", "list", "--format", "json"]
+
+
+def test_a_failed_command_is_named_with_the_end_of_its_output_from_the_error_on() -> None:
+    script = "import sys; print('Resolved 3 packages'); sys.exit('error: no version of x\\n  hint: y')"
+    with pytest.raises(ToolError) as info:
+        venvs.run([sys.executable, "-c", script, "extra", "args"])
+    name = f"{Path(sys.executable).name} -c {script} extra ..."
+    assert str(info.value) == f"`{name}` failed with exit 1: error: no version of x\n  hint: y"
+    with pytest.raises(ToolError, match=r"gave no result within 0 s$"):
+        venvs.run([sys.executable, "-c", "import time; time.sleep(5)"], timeout=0.2)
+
+
+def test_another_task_sdk_release_gets_its_own_upstream_tests_venv(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[tuple[object, ...]] = []
+
+    def make(venv: Path, *a: object, wheels: object, **k: object) -> Path:
+        made.append((*a[:3], wheels))
+        return venv
+
+    monkeypatch.setattr(venvs, "make", make)
+    monkeypatch.setattr(fetch, "ensure_pin", lambda pin, version=None, layout=None: Path(f"/{version}"))
+    monkeypatch.setattr(venvs, "interpreter_for", lambda wheel, python=None: "py")
+    line, tests = pins.get_line("3.3"), [*venvs.TEST_PACKAGES, *venvs.UPSTREAM_TEST_PACKAGES]
+    assert venvs.ensure(line, upstream_tests=True, sdk="1.3.2").name == "3.3-upstream-tests"
+    assert venvs.ensure(line, upstream_tests=True, sdk="1.3.0").name == "upstream-supervisor-1.3.0"
+    # core 3.3.0 (the one requiring 1.3.0), the test packages pinned as for the line, the rest resolved
+    wheels = [Path("/3.3.0"), Path("/1.3.0")]
+    assert made[1] == ("py", tests, [venvs.upstream_tests_constraints(line)], wheels)

@@ -415,3 +415,34 @@ def test_e2e_installs_the_wheels_for_the_full_series_only() -> None:
     for extra in (["--executor", "package"], ["--supervisor", "full"], ["--stage", "3"]):
         with pytest.raises(ToolError, match="--install wheels: the full series"):
             cli.parse_options(["--install", "wheels", *extra])
+
+
+def test_check_install_installs_through_an_operators_own_pip_with_the_lines_constraints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tools.delivery import wheels_check
+    from tools.engine import venvs
+
+    line, label = pins.get_line("3.3"), wheels.local_label()
+    reqs = [f"{pins.DISTRIBUTION}=={line.version}", f"{pins.SUPERVISOR.distribution}=={line.sdk_version}"]
+    for req in reqs:
+        (tmp_path / f"{req.replace('-', '_').replace('==', '-')}+{label}-py3-none-any.whl").touch()
+    made: list[tuple[tuple[object, ...], dict[str, object]]] = []
+
+    def make(*a: object, **k: object) -> Path:
+        made.append((a, k))
+        raise wheels_check.CheckError("stop")
+
+    monkeypatch.setattr(venvs, "make", make)
+    with pytest.raises(wheels_check.CheckError, match="stop"):
+        wheels_check.check_line(line, tmp_path, sys.executable)
+    lock, celery = wheels_check.constraints_for(line)
+    reqs += [f"{wheels_check.CELERY}=={celery}"] if celery else []
+    args = [*made[0][0][1:], made[0][1]]
+    # pip's resolver and --find-links, as an operator runs them
+    assert args == [
+        sys.executable,
+        ["--upgrade", "--find-links", str(tmp_path), *reqs],
+        lock,
+        {"own_pip": True},
+    ]

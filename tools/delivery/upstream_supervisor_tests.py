@@ -6,8 +6,8 @@ Each task-sdk release's sdist on PyPI carries the tests upstream wrote against e
 its sha256 is the one ``pins.SDK_SDIST_SHA256`` records; its ``tests/`` tree is extracted into a
 temporary directory for the run and never copied into this repository.
 
-The run uses the line's upstream-tests venv (``venvs.ensure(line, upstream_tests=True)``: the line's
-pinned core and task-sdk, plus what the test file imports, ``constraints/upstream-tests-<line>.txt``);
+The run uses the line's upstream-tests venv (``venvs.ensure(line, upstream_tests=True, sdk=v)``: the
+line's pinned core and task-sdk, plus what the test file imports, ``constraints/upstream-tests-<line>.txt``);
 another task-sdk release the line covers gets a venv of its own with the newest core release that
 requires it (``build/venvs/upstream-supervisor-<v>``). One ``supervisor.py`` is put in place: the
 release's own, then the overlay's for that release. What Airflow's
@@ -37,7 +37,6 @@ from tools.engine import fetch, venvs
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
-from tools.shared.versions import version_key
 
 TEST_FILE = "task_sdk/execution_time/test_supervisor.py"  # under the sdist's tests/
 PER_TEST_TIMEOUT = 120
@@ -110,24 +109,6 @@ def line_of(sdk_version: str) -> pins.Line:
     raise SupervisorTestsError(f"task-sdk {sdk_version}: no line's overlay has its supervisor ({known})")
 
 
-def venv_for(line: pins.Line, sdk_version: str, layout: Layout = DEFAULT) -> Path:
-    """The line's upstream-tests venv for its base task-sdk; for another release, a venv of its own
-    (``build/venvs/upstream-supervisor-<v>``) with the newest core release requiring it, the test
-    packages pinned as for the line and the rest resolved as ``pip install apache-airflow-core==X``."""
-    if sdk_version == line.sdk_version:
-        return venvs.ensure(line, layout, upstream_tests=True)
-    core = max((c for c, s in line.core_sdk.items() if s == sdk_version), key=version_key)
-    return venvs.ensure_release(
-        layout.build / "venvs" / f"upstream-supervisor-{sdk_version}",
-        core,
-        sdk_version,
-        packages=[*venvs.TEST_PACKAGES, *venvs.UPSTREAM_TEST_PACKAGES],
-        constraints=venvs.upstream_tests_constraints(line, layout),
-        say=print,
-        layout=layout,
-    )
-
-
 def supervisors(line: pins.Line, sdk_version: str, layout: Layout = DEFAULT) -> dict[str, bytes]:
     """``unpatched``: the release's own supervisor.py from its verified wheel, checked against the pin;
     ``patched``: the overlay's for the same release."""
@@ -176,7 +157,7 @@ def run(
     line = line_of(sdk_version)
     sdist = ensure_sdist(sdk_version, layout)
     files = supervisors(line, sdk_version, layout)
-    python = venv_for(line, sdk_version, layout)
+    python = venvs.ensure(line, layout, upstream_tests=True, sdk=sdk_version)
     out = {}
     with tempfile.TemporaryDirectory(prefix="lepatch-supervisor-tests-") as tmp:
         for which, data in files.items():

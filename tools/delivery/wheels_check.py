@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +33,6 @@ from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 
 CELERY = "apache-airflow-providers-celery"
-INSTALL_TIMEOUT = 1200.0
 REAP_TESTS = "tests/supervisor/test_supervisor_exit_wait.py"
 
 
@@ -52,33 +48,6 @@ def constraints_for(line: pins.Line, layout: Layout = DEFAULT) -> tuple[Path, st
         if m:
             return celery, m.group(1)
     return layout.constraints / f"{line.name}.txt", None
-
-
-def _run(
-    cmd: list[str],
-    what: str,
-    env: dict[str, str] | None = None,
-    cwd: Path | None = None,
-    timeout: float = INSTALL_TIMEOUT,
-) -> str:
-    print("$ " + " ".join(cmd), flush=True)
-    full = dict(env or os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_REQUIRE_VIRTUALENV="0")
-    full.pop("PIP_CONSTRAINT", None)  # why: only the line's constraints decide, as for an operator
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=full, cwd=cwd, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise CheckError(f"{what}: no result within {timeout:.0f} s") from None
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise CheckError(f"{what}: exited {proc.returncode}\n{tail}")
-    return proc.stdout
-
-
-def installed_versions(python: Path) -> dict[str, str]:
-    out = _run([str(python), "-m", "pip", "list", "--format", "json"], "pip list")
-    return {row["name"].lower(): row["version"] for row in json.loads(out)}
 
 
 def check_files(python: Path, wheel_records: dict[str, dict[str, Any]]) -> list[str]:
@@ -131,13 +100,10 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
     # the command `nox -s overlay` prints (tools.delivery.install_commands), with Airflow's constraints
     reqs = [f"{core}=={line.version}", f"{sdk}=={sdk_version}", *([f"{CELERY}=={celery}"] if celery else [])]
     with tempfile.TemporaryDirectory(prefix="lepatch-wheels-check-") as tmp:
-        venv = Path(tmp) / "venv"
-        _run([base_python, "-m", "venv", str(venv)], "python -m venv")
-        python = venv / "bin" / "python"
-        _pip_install(
-            python, ["--upgrade", "--find-links", str(out), "-c", str(constraints), *reqs], "pip install"
-        )
-        got = installed_versions(python)
+        args = ["--upgrade", "--find-links", str(out)]
+        print(f"$ {base_python} -m venv VENV; VENV/bin/pip install", *args, "-c", constraints, *reqs)
+        python = venvs.make(Path(tmp) / "venv", base_python, [*args, *reqs], constraints, own_pip=True)
+        got = venvs.installed(python, own_pip=True)
         for dist, want in expected.items():
             if got.get(dist) != want:
                 raise CheckError(f"{dist}: pip installed {got.get(dist)}, expected the patched {want}")
@@ -145,7 +111,7 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
             f"installed: {', '.join(f'{d} {got[d]}' for d in (core, sdk))}"
             + (f", {CELERY} {got[CELERY]}" if celery else "")
         )
-        print(_run([str(python), "-m", "pip", "check"], "pip check").strip())
+        print(venvs.pip(python, "check", own_pip=True).strip())
         for said in check_files(python, _records(out, line, got)):
             print(said)
         installed = wheels.inspect(python)
@@ -158,22 +124,17 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
         _way_back(python, line, sdk_version)
 
 
-def _pip_install(python: Path, args: list[str], what: str) -> str:
-    return _run([str(python), "-m", "pip", "install", "--quiet", *args], what)
-
-
 def _reap_check(python: Path, layout: Layout, tmp: Path) -> None:
     """The series' own test of the supervisor's fix, in the installed venv (pytest pinned as the tools)."""
-    _pip_install(
-        python, ["-c", str(layout.constraints / "tools.txt"), *venvs.TEST_PACKAGES], "pip install pytest"
-    )
+    pin = ["-c", str(layout.constraints / "tools.txt")]
+    venvs.pip(python, "install", "--quiet", *pin, *venvs.TEST_PACKAGES, own_pip=True)
     home = tmp / "airflow-home"
     home.mkdir()
-    out = _run(
-        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(layout.root / REAP_TESTS)],
-        f"pytest {REAP_TESTS} on the installed wheels",
+    out = venvs.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", layout.root / REAP_TESTS],
         env=venvs.test_env(home, layout),
         cwd=layout.root,
+        timeout=venvs.INSTALL_TIMEOUT,
     )
     print(f"{REAP_TESTS}: {out.strip().splitlines()[-1]}")
 
@@ -182,10 +143,8 @@ def _way_back(python: Path, line: pins.Line, sdk_version: str) -> None:
     """What docs/package.md tells an operator: PyPI's builds back, the pinned files in place."""
     core, sdk = pins.DISTRIBUTION, pins.SUPERVISOR.distribution
     back = [f"{sdk}==={sdk_version}", f"{core}==={line.version}"]
-    _run(
-        [str(python), "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", *back], "way back"
-    )
-    got = installed_versions(python)
+    venvs.pip(python, "install", "--quiet", "--force-reinstall", "--no-deps", *back, own_pip=True)
+    got = venvs.installed(python, own_pip=True)
     for dist, want in ((core, line.version), (sdk, sdk_version)):
         if got.get(dist) != want:
             raise CheckError(f"way back: {dist} is {got.get(dist)}, expected PyPI's {want}")
@@ -198,7 +157,7 @@ def _way_back(python: Path, line: pins.Line, sdk_version: str) -> None:
         digest = hashlib.sha256((site / file.package_path).read_bytes()).hexdigest()
         if digest != expect:
             raise CheckError(f"way back: {file.package_path} sha256 {digest}, pinned upstream {expect}")
-    print(_run([str(python), "-m", "pip", "check"], "pip check after the way back").strip())
+    print(venvs.pip(python, "check", own_pip=True).strip())
     if (installed := wheels.inspect(python)).records:
         raise CheckError(f"way back: a patched wheel is still installed ({installed.describe()})")
     print(

@@ -1,13 +1,15 @@
-"""Per-line virtual environments: the pinned wheel, pytest and pytest-timeout, constrained.
+"""Every virtual environment the tools make, and every install into one.
 
-``ensure(line)`` makes (or reuses) ``build/venvs/<line>`` with ``uv`` from the cached,
-sha256-verified wheel and ``constraints/<line>.txt``; a stamp file records what it was
-made from, so a changed pin or lock rebuilds it. ``ensure_release(venv, core)`` does the same for
-any core release a line covers, with the task-sdk release it requires (the e2e venvs, the tests
-of each release). ``install_sources(python, sources)``
-swaps the venv's upstream files (``airflow/executors/local_executor.py``, task-sdk's
-``airflow/sdk/execution_time/supervisor.py``) for the given bytes, which is how verify walks
-the stages and how the tests session installs the overlay.
+``make(venv, python, packages, constraints, stamp)`` is the one builder: uv (or, for the operator's
+install path, ``python -m venv`` and its own pip), constrained, remade only when a stamp of what it
+was made from differs; ``pip(python, ...)`` installs into a venv afterwards. Over it:
+``ensure(line)`` is ``build/venvs/<line>`` from the cached, sha256-verified wheels and
+``constraints/<line>.txt``; ``ensure_release(venv, core)`` any core release a line covers, with the
+task-sdk release it requires (the e2e venvs, the tests of each release); ``ensure_tools()`` the
+tooling tests'. ``install_sources(python, sources)`` swaps the venv's upstream files
+(``airflow/executors/local_executor.py``, task-sdk's ``airflow/sdk/execution_time/supervisor.py``)
+for the given bytes, which is how verify walks the stages and how the tests session installs the
+overlay.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
+from tools.shared.versions import version_key
 
 TEST_PACKAGES = ("pytest", "pytest-timeout")
 # tests/tools also rebuilds wheels with the `wheel` package (tools.delivery.wheels) and reads
@@ -42,6 +45,7 @@ UPSTREAM_TEST_PACKAGES = ("kgb", "pytest-mock", "pytest-unordered", "time-machin
 JWT_SECRET = "lepatch-tests-not-a-secret"
 # why: without it uv tries to download a managed CPython, which this network refuses slowly.
 UV_ENV = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+INSTALL_TIMEOUT = 1200.0  # why: an operator's pip (wheels --check-install) can backtrack for hours
 
 
 def find_uv() -> str:
@@ -57,17 +61,51 @@ def find_uv() -> str:
     )
 
 
+def run(
+    cmd: Sequence[str | Path],
+    *,
+    env: Mapping[str, str] | None = None,
+    stdin: str | None = None,
+    cwd: Path | None = None,
+    timeout: float | None = None,
+) -> str:
+    """``cmd``'s stdout; a ToolError naming the command and the end of its output if it fails."""
+    args = [str(a) for a in cmd]
+    name = " ".join([Path(args[0]).name, *args[1:4]]) + (" ..." if len(args) > 4 else "")
+    try:
+        proc = subprocess.run(
+            args, input=stdin, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"`{name}` gave no result within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        tail = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()][-15:] or ["(no output)"]
+        start = next((i for i, ln in enumerate(tail) if "error" in ln.lower()), 0)
+        detail = "\n".join(tail[start:]).strip()
+        raise ToolError(f"`{name}` failed with exit {proc.returncode}: {detail}")
+    return proc.stdout
+
+
 def run_uv(
     *args: str, env: Mapping[str, str] | None = None, stdin: str | None = None, cwd: Path | None = None
 ) -> str:
-    cmd = [find_uv(), *args]
-    env = {**os.environ, **UV_ENV, **(env or {})}
-    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env, cwd=cwd, check=False)
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()] or ["(no output)"]
-        detail = next((ln for ln in lines if "error" in ln.lower()), lines[-1])
-        raise ToolError(f"`uv {' '.join(args[:3])} ...` failed with exit {proc.returncode}: {detail.strip()}")
-    return proc.stdout
+    return run([find_uv(), *args], env={**os.environ, **UV_ENV, **(env or {})}, stdin=stdin, cwd=cwd)
+
+
+def pip(python: Path | str, *args: str, env: Mapping[str, str] | None = None, own_pip: bool = False) -> str:
+    """``uv pip <args>`` on the venv of ``python``; with ``own_pip``, that venv's ``python -m pip <args>``."""
+    if not own_pip:
+        return run_uv("pip", args[0], "--python", str(python), *args[1:], env=env)
+    # why: only the constraints given decide (an operator's PIP_CONSTRAINT is not the line's)
+    full = {**os.environ, **(env or {}), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_REQUIRE_VIRTUALENV": "0"}
+    full.pop("PIP_CONSTRAINT", None)
+    return run([python, "-m", "pip", *args], env=full, timeout=INSTALL_TIMEOUT)
+
+
+def installed(python: Path | str, own_pip: bool = False) -> dict[str, str]:
+    """Every distribution installed in the venv of ``python``: name (lower case) -> version."""
+    out = pip(python, "list", "--format", "json", own_pip=own_pip)
+    return {d["name"].lower(): d["version"] for d in json.loads(out or "[]")}
 
 
 def _venv_python(venv: Path) -> Path:
@@ -82,31 +120,48 @@ def make(
     venv: Path,
     python: str,
     packages: Sequence[str],
-    constraints: Path | Sequence[Path] | None,
-    stamp: Mapping[str, object],
+    constraints: Path | Sequence[Path] | None = None,
+    stamp: Mapping[str, object] | None = None,
     on_create: Callable[[], None] | None = None,
+    *,
+    wheels: Sequence[Path | str] = (),
+    own_pip: bool = False,
 ) -> Path:
-    """Python of ``venv`` with ``packages`` installed by uv under ``constraints``; remade only when
-    ``stamp`` (what it is made from) differs from the one saved beside it."""
+    """Python of ``venv`` made from ``python`` with ``wheels`` and ``packages`` (requirements or pip
+    options) installed under ``constraints`` by uv. With ``stamp`` (what the wheels are), reused while
+    the interpreter, packages, first constraints file and stamp are those it was made from; without,
+    made afresh. ``own_pip``: made by ``python -m venv`` and installed by its own pip instead."""
+    files = [constraints] if isinstance(constraints, Path) else list(constraints or ())
     stamp_file = venv / "lepatch-stamp.json"
     py = _venv_python(venv)
-    if py.exists() and stamp_file.exists():
+    if stamp is not None:
+        stamp = {
+            "python": _python_identity(python),
+            "packages": list(packages),
+            "constraints_sha256": _file_digest(files[0]) if files else None,
+            **stamp,
+        }
         try:
-            if json.loads(stamp_file.read_text()) == stamp:
+            if py.exists() and json.loads(stamp_file.read_text()) == stamp:
                 return py
-        except ValueError:
+        except (OSError, ValueError):
             pass
     if venv.exists():
         shutil.rmtree(venv)
     if on_create is not None:
         on_create()
     venv.parent.mkdir(parents=True, exist_ok=True)
-    run_uv("venv", "--quiet", "-p", python, str(venv))
-    files = [constraints] if isinstance(constraints, Path) else list(constraints or ())
+    # why own_pip: `wheels --check-install` checks what an operator's pip resolves and installs from
+    # --find-links (its local-label preference, `pip check`), which uv's resolver does not stand for.
+    if own_pip:
+        run([python, "-m", "venv", venv], timeout=INSTALL_TIMEOUT)
+    else:
+        run_uv("venv", "--quiet", "-p", python, str(venv))
     pin = [arg for c in files for arg in ("-c", str(c))]
-    args = ["pip", "install", "--quiet", "--python", str(py), *pin, *packages]
-    run_uv(*args, env={"UV_COMPILE_BYTECODE": "1"})
-    stamp_file.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+    compile_env = None if own_pip else {"UV_COMPILE_BYTECODE": "1"}
+    pip(py, "install", "--quiet", *pin, *map(str, wheels), *packages, env=compile_env, own_pip=own_pip)
+    if stamp is not None:
+        stamp_file.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
     return py
 
 
@@ -177,55 +232,58 @@ def upstream_tests_constraints(line: Line, layout: Layout = DEFAULT) -> Path:
     return layout.constraints / f"upstream-tests-{line.name}.txt"
 
 
+def lock_file(path: Path, how: str, layout: Layout = DEFAULT) -> Path:
+    """``path``; a one-line error naming the command that makes it when it is missing."""
+    if not path.exists():
+        raise ToolError(f"{layout.rel(path)} is missing; make it with `python -m tools lock {how}`")
+    return path
+
+
 def ensure(
     line: Line | str,
     layout: Layout = DEFAULT,
     python: str | None = None,
     *,
     upstream_tests: bool = False,
+    sdk: str | None = None,
     copy: int = 0,
 ) -> Path:
     """Python of ``build/venvs/<line>`` (``<line>-py3.X`` with another ``python``) with the pinned wheel
     and the test packages; made once. ``upstream_tests``: ``build/venvs/<line>-upstream-tests`` with
-    ``UPSTREAM_TEST_PACKAGES`` as well (what upstream's own executor test file imports). ``copy`` N > 0:
-    ``build/venvs/<line>-copyN``, the same venv again (``verify --own-tests`` runs stages side by side)."""
+    ``UPSTREAM_TEST_PACKAGES`` as well (what upstream's own test files import). ``sdk``, another task-sdk
+    release the line covers: ``build/venvs/upstream-supervisor-<sdk>`` with the newest core requiring it,
+    the test packages pinned as for the line, the rest resolved as ``pip install apache-airflow-core==X``.
+    ``copy`` N > 0: ``build/venvs/<line>-copyN``, the same venv again (``verify --own-tests`` runs stages
+    side by side)."""
     if not isinstance(line, Line):
         line = pins.get_line(line)
-    constraints = layout.constraints / f"{line.name}.txt"
-    if not constraints.exists():
-        raise ToolError(
-            f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
-        )
-    files = [constraints]
+    files = [lock_file(layout.constraints / f"{line.name}.txt", f"--line {line.name}", layout)]
     packages = list(TEST_PACKAGES)
     if upstream_tests:
-        extra = upstream_tests_constraints(line, layout)
-        if not extra.exists():
-            raise ToolError(
-                f"{layout.rel(extra)} is missing; make it with `python -m tools lock --upstream-tests`"
-            )
-        files.append(extra)
+        files.append(lock_file(upstream_tests_constraints(line, layout), "--upstream-tests", layout))
         packages += UPSTREAM_TEST_PACKAGES
+    if sdk not in (None, line.sdk_version):
+        core = max((c for c, s in line.core_sdk.items() if s == sdk), key=version_key)
+        venv = layout.build / "venvs" / f"upstream-supervisor-{sdk}"
+        return ensure_release(
+            venv, core, sdk, packages=packages, constraints=files[1:], say=print, layout=layout
+        )
     # why every pin's wheel: the venv's task-sdk is then the verified one the supervisor patches
     # apply to, and it is cached for the tools' tests, whose venv has no pip to download it.
     by_distribution = {pin.file.distribution: fetch.ensure_pin(pin, layout=layout) for pin in line.pins}
-    wheel = by_distribution[pins.DISTRIBUTION]  # verified once: it decides the interpreter too
-    wheels = [str(w) for w in by_distribution.values()]
     name = (
         venv_name(line, python)
         + ("-upstream-tests" if upstream_tests else "")
         + (f"-copy{copy}" if copy else "")
     )
-    python = interpreter_for(wheel, python)
-    stamp = {
-        "python": _python_identity(python),
-        "wheel_sha256": [pin.wheel_sha256 for pin in line.pins],
-        "constraints_sha256": _file_digest(constraints),
-        "packages": packages,
-    }
+    # the core wheel, verified once, decides the interpreter too
+    python = interpreter_for(by_distribution[pins.DISTRIBUTION], python)
+    stamp: dict[str, object] = {"wheel_sha256": [pin.wheel_sha256 for pin in line.pins]}
     if upstream_tests:
         stamp["upstream_tests_constraints_sha256"] = _file_digest(files[1])
-    return make(layout.build / "venvs" / name, python, [*wheels, *packages], files, stamp)
+    return make(
+        layout.build / "venvs" / name, python, packages, files, stamp, wheels=[*by_distribution.values()]
+    )
 
 
 def release_pins(core: str, sdk: str | None = None) -> tuple[pins.Pin, pins.Pin]:
@@ -251,13 +309,20 @@ def release_pins(core: str, sdk: str | None = None) -> tuple[pins.Pin, pins.Pin]
     return line.pins[0], sdk_pin
 
 
+def release_wheels(core: str, sdk: str | None = None, layout: Layout = DEFAULT) -> list[Path]:
+    """The verified wheels of apache-airflow-core ``core`` and of task-sdk ``sdk`` (default: the release
+    ``core`` requires), in the cache."""
+    sdk = sdk or pins.get_line(core).core_sdk[core]
+    return [fetch.ensure_pin(p, v, layout) for p, v in zip(release_pins(core, sdk), (core, sdk), strict=True)]
+
+
 def ensure_release(
     venv: Path,
     core: str,
     sdk: str | None = None,
     *,
     packages: Sequence[str] = (),
-    constraints: Path | None = None,
+    constraints: Path | Sequence[Path] | None = None,
     python: str | None = None,
     say: Callable[[str], None] | None = None,
     layout: Layout = DEFAULT,
@@ -266,36 +331,27 @@ def ensure_release(
     ``core`` requires) from their verified wheels, and ``packages``, constrained by ``constraints``
     (without: the resolution of an operator's ``pip install apache-airflow-core==X``); made once (a
     stamp). The interpreter: ``python``, else one the core wheel admits."""
-    core_pin, sdk_pin = release_pins(core, sdk)
     sdk = sdk or pins.get_line(core).core_sdk[core]
-    wheels = [fetch.ensure_pin(core_pin, core, layout), fetch.ensure_pin(sdk_pin, sdk, layout)]
+    wheels = release_wheels(core, sdk, layout)
     python = python or interpreter_for(wheels[0])
     stamp = {
-        "python": _python_identity(python),
         "release": [core, sdk],
         "wheel_sha256": [
-            p.wheel_sha256 if v == p.version else p.covers[v] for p, v in ((core_pin, core), (sdk_pin, sdk))
+            p.wheel_sha256 if v == p.version else p.covers[v]
+            for p, v in zip(release_pins(core, sdk), (core, sdk), strict=True)
         ],
-        "packages": list(packages),
-        "constraints_sha256": _file_digest(constraints) if constraints is not None else None,
     }
     what = ", ".join([f"apache-airflow-core {core}", f"apache-airflow-task-sdk {sdk}", *packages])
     creating = None if say is None else (lambda: say(f"creating {layout.rel(venv)}: {what} (uv)"))
-    return make(venv, python, [*map(str, wheels), *packages], constraints, stamp, creating)
+    return make(venv, python, packages, constraints, stamp, creating, wheels=wheels)
 
 
 def ensure_tools(layout: Layout = DEFAULT, python: str | None = None) -> Path:
     """A venv with only pytest, pytest-timeout and wheel (tests/tools needs no Airflow), and every pinned
     wheel in the cache: the tests read the bases from them, and this venv has no pip to fetch one."""
     fetch.ensure_every_pin(layout)
-    python = python or sys.executable
-    constraints = layout.constraints / "tools.txt"
-    stamp = {
-        "python": _python_identity(python),
-        "constraints_sha256": _file_digest(constraints),
-        "packages": list(TOOLS_TEST_PACKAGES),
-    }
-    return make(layout.build / "venvs" / "tools", python, list(TOOLS_TEST_PACKAGES), constraints, stamp)
+    venv = layout.build / "venvs" / "tools"
+    return make(venv, python or sys.executable, TOOLS_TEST_PACKAGES, layout.constraints / "tools.txt", {})
 
 
 def purelib(python: Path | str) -> Path:

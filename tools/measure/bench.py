@@ -137,20 +137,11 @@ def stage_python(line: Line, stage: Stage, layout: Layout = DEFAULT, python: str
     One venv per stage (not one venv whose executor is swapped) so that stages can be
     interleaved and other sessions' venvs are never touched.
     """
-    python = python or sys.executable
-    constraints = layout.constraints / f"{line.name}.txt"
-    if not constraints.exists():
-        raise ToolError(
-            f"{layout.rel(constraints)} is missing; make it with `python -m tools lock --line {line.name}`"
-        )
-    stamp = {
-        "python": str(Path(python).resolve()),
-        "wheel_sha256": line.wheel_sha256,
-        "constraints_sha256": fetch.sha256_file(constraints),
-    }
+    constraints = venvs.lock_file(layout.constraints / f"{line.name}.txt", f"--line {line.name}", layout)
     venv = layout.build / "stage-venvs" / line.name / stage.column
+    wheels, stamp = [fetch.ensure_wheel(line, layout)], {"wheel_sha256": line.wheel_sha256}
     # why no copy of uv's hardlinked files: install_executor replaces the file, never writes through it
-    py = venvs.make(venv, python, [str(fetch.ensure_wheel(line, layout))], constraints, stamp)
+    py = venvs.make(venv, python or sys.executable, [], constraints, stamp, wheels=wheels)
     target = venvs.install_executor(py, stage.source)
     if target.read_bytes() != stage.source:
         raise ToolError(f"{target}: installing stage {stage.short} of {line.name} did not take")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -84,30 +85,15 @@ def test_the_wheel_is_installed_with_the_venvs_core_and_task_sdk_named_beside_it
     wheel.write_bytes(b"wheel")
     uv: list[tuple[str, ...]] = []
     monkeypatch.setattr(AirflowVenv, "_back_to_base", lambda self: bases)
-    monkeypatch.setattr(AirflowVenv, "_check_bases", lambda self, b, when: None)
+    monkeypatch.setattr(AirflowVenv, "_check", lambda self, b, when: None)
     monkeypatch.setattr(package, "build", lambda line, out: wheel)
     monkeypatch.setattr(
-        fetch, "ensure_pin", lambda pin, version=None: Path(f"/cache/{pin.file.name}-{version}")
+        fetch, "ensure_pin", lambda pin, version, layout: Path(f"/cache/{pin.file.name}-{version}")
     )
-
-    def fake_uv(*args: str, env: object = None) -> str:
-        uv.append(args)
-        return ""
-
-    monkeypatch.setattr(venvs, "run_uv", fake_uv)
+    monkeypatch.setattr(venvs, "run_uv", lambda *a, **k: uv.append(a))
     source = v.install_package(tmp_path / "dist")
-    assert uv == [
-        (
-            "pip",
-            "install",
-            "--quiet",
-            "--python",
-            str(v.python),
-            "/cache/local_executor.py-3.1.6",
-            "/cache/supervisor.py-1.1.6",
-            str(wheel),
-        )
-    ]
+    airflow = ("/cache/local_executor.py-3.1.6", "/cache/supervisor.py-1.1.6")
+    assert uv == [("pip", "install", "--python", str(v.python), "--quiet", *airflow, str(wheel))]
     assert source.sources == bases
 
 
@@ -141,3 +127,34 @@ def test_the_full_series_goes_in_through_the_patched_wheels_and_a_stage_is_copie
         (tmp_path / "site" / path).write_bytes(data)
     assert v.install_executor(ExecutorSource("stage 2", 2, b"stage 2", "apply", stage)).startswith("copied")
     assert copied == [stage] and len(wheels_to) == 2
+
+
+def test_back_to_base_uninstalls_the_package_and_reinstalls_the_pinned_wheels_over_patched_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v, py = AirflowVenv(L33, tmp_path, print), str(tmp_path / "venv-3.3" / "bin" / "python")
+    dists = {package.DIST_NAME: "3.3.2.post10", pins.DISTRIBUTION: "3.3.2+lepatch.10", "x": "1.3.2"}
+    listing = json.dumps([{"name": d, "version": ver} for d, ver in dists.items()])
+    uv: list[tuple[str, ...]] = []
+
+    def fake_uv(*a: str, **k: object) -> str:
+        uv.append(a)
+        return listing if a[1] == "list" else ""
+
+    monkeypatch.setattr(venvs, "run_uv", fake_uv)
+    monkeypatch.setattr(fetch, "ensure_pin", lambda pin, version, layout: Path(f"/{version}.whl"))
+    monkeypatch.setattr(AirflowVenv, "sources", lambda self, stage: {"stage": str(stage).encode()})
+    monkeypatch.setattr(venvs, "install_sources", lambda python, sources: uv.append(tuple(sources)))
+    assert v.patched_wheels() == {pins.DISTRIBUTION: "3.3.2+lepatch.10"}
+    assert v._back_to_base() == {"stage": b"0"}
+    assert [a for a in uv if a[1:2] != ("list",)] == [
+        ("pip", "uninstall", "--python", py, "--quiet", package.DIST_NAME),
+        ("pip", "install", "--python", py, "--quiet", "--no-deps", "/3.3.2.whl", "/1.3.2.whl"),
+        ("stage",),
+    ]
+    (tmp_path / "f.py").write_bytes(b"other")
+    monkeypatch.setattr(venvs, "purelib", lambda python: tmp_path)
+    with pytest.raises(
+        ToolError, match=rf"f\.py: sha256 {sha(b'other')[:12]} after x, expected {sha(b'x')[:12]}$"
+    ):
+        v._check({"f.py": b"x"}, "after x")

@@ -1,47 +1,31 @@
 """The Airflow environment the e2e session runs: one venv per release line, and the executor in it.
 
-``build/e2e/venv-<line>`` holds ``apache-airflow[postgres]`` pinned to the line's version (the
-distribution, so the task SDK and the standard provider come with it) and the line's verified
-``apache-airflow-core`` and ``apache-airflow-task-sdk`` wheels from the cache, constrained by
-``constraints/e2e-<line>.txt`` (the release day's dependencies, :mod:`tools.measure.e2e.lock`) or
-else the line's test lock. It is created with ``uv`` on first use (``venvs.ensure_release``) and
-reused while its stamp says it was built for the same inputs.
+``build/e2e/venv-<line>`` (``venv-celery-<line>`` with ``apache-airflow[celery]``) holds
+``apache-airflow[postgres]`` of the line's version with its verified core and task-sdk wheels
+(``venvs.ensure_release``), constrained by ``constraints/e2e-<line>.txt`` (the release day's
+dependencies, :mod:`tools.measure.e2e.lock`) or else the line's test lock. ``--core X``, another
+core release the line covers, makes ``venv-<line>-core-X`` with X and the task-sdk X requires,
+constrained by ``constraints/e2e-X.txt`` (a later release's lock may not resolve or start with it);
+its stage 0 is X's own files and the full series carries that task-sdk's own patched supervisor
+(``airflow_overlay/<line>/task-sdk-<v>/``).
 
-``--core X`` (another core release the line covers) makes ``build/e2e/venv-<line>-core-X`` instead:
-``apache-airflow[postgres]==X`` with core X and the task-sdk release X requires, from their verified
-wheels, constrained by ``constraints/e2e-X.txt`` (``e2e-lock --core X``, X's release day; a later
-release's lock may not resolve or start with it). Everything below then takes that release's files:
-stage 0 is X's own ``local_executor.py`` and its task-sdk's ``supervisor.py``, the full series
-carries that task-sdk's own patched supervisor (``airflow_overlay/<line>/task-sdk-<v>/``), and the
-line's wheel is installed with core X and its task-sdk named beside it, so pip cannot move Airflow
-to another release to satisfy it.
-
-The executor under test is then put in place, with task-sdk's ``supervisor.py`` of the same stage
-(or of the stage ``--supervisor`` names):
+The executor under test, with task-sdk's ``supervisor.py`` of the same stage (or ``--supervisor``'s):
 
 - stage 0: the pinned bases, byte for byte (``tools.engine.fetch.read_bases``);
 - stage k: the files of ``tools.engine.apply`` stage k, copied in (no wheel carries a stage);
 - default (the full series): as an operator installs it, the release's core and task-sdk wheels
-  rebuilt with the series' files (:mod:`tools.delivery.wheels`, built into ``<out>/wheels``); copied
-  in only when the supervisor comes from another stage.
+  rebuilt with the series' files (:mod:`tools.delivery.wheels`, into ``<out>/wheels``) installed
+  ``--no-deps`` over the pinned ones; copied in only when the supervisor comes from another stage;
+- ``--executor package``: the line's wheel (:mod:`tools.delivery.package`, into ``<out>/dist``)
+  installed beside the release's own files, which must stay the bases byte for byte.
 
-Whatever was installed before is undone first, so the venv always starts from the pinned bases,
-and each installed file's sha256 is checked against the intended source afterwards.
-
-``--executor package`` installs the line's wheel (:mod:`tools.delivery.package`, built from the overlay into
-``<out>/dist``) into the venv with pinned bases instead, as an operator would (``uv pip install``
-of the wheel; the stack sets ``AIRFLOW__CORE__EXECUTOR`` to its class), and checks that Airflow's own
-files are still the bases byte for byte. Undoing it is ``uv pip uninstall``.
-
-The patched wheels go in with ``uv pip install --no-deps`` of the release's two wheels (the venv is
-uv's, without pip), then each file is checked against the overlay. Undoing it reinstalls the pinned
-wheels from the cache.
+Installs go through ``venvs.pip`` (the venv is uv's, without pip). Whatever was installed before is
+undone first (the package uninstalled, the pinned wheels reinstalled), so the venv always starts
+from the pinned bases, and each installed file's sha256 is checked against the intended source.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import sys
 from collections.abc import Callable
@@ -49,15 +33,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tools.delivery import install_commands, package, wheels
-from tools.engine import apply, fetch, venvs
+from tools.engine import apply, fetch, series, venvs
 from tools.measure.e2e import lock
 from tools.shared import pins
 from tools.shared.errors import ToolError
 from tools.shared.layout import DEFAULT as LAYOUT
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -72,19 +52,12 @@ class ExecutorSource:
 
     @property
     def sha256(self) -> str:
-        return sha256(self.data)
+        return fetch.sha256_bytes(self.data)
 
 
-def base_python() -> str:
-    """The interpreter to build the venv from: the one running us (uv cannot download one here)."""
-    return sys.executable
-
-
-def series_length() -> int | None:
-    series = LAYOUT.series_file
-    if not series.is_file():
-        return None
-    return sum(1 for ln in series.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
+def _patches() -> str:
+    n = len(series.read_series_names(LAYOUT.series_file))
+    return f"{n} patches" if n else "the series"
 
 
 def stage_sources(
@@ -101,10 +74,8 @@ def stage_sources(
         return files, f"stage 0 (base {line.version})", "pinned wheel"
     if stage is None:
         files = _overlay_files(line)
-        n = series_length()
-        what = f"{n} patches" if n is not None else "the series"
         where = LAYOUT.rel(LAYOUT.overlay / line.name)
-        return files, f"full series ({what}, {where})", where
+        return files, f"full series ({_patches()}, {where})", where
     return (
         apply.apply_line(line).sources(stage),
         f"stage {stage} of {line.name}",
@@ -131,7 +102,7 @@ def _release_sources(line: pins.Line, stage: int | None, core: str) -> tuple[dic
         raise ToolError(f"line {line.name} has no verified supervisor.py for apache-airflow-task-sdk {sdk}")
     if stage == 0:
         executor = fetch.read_source(fetch.ensure_pin(line.pins[0], core))
-        if sha256(executor) != line.source_sha256:  # covered: the base's file byte for byte
+        if fetch.sha256_bytes(executor) != line.source_sha256:  # covered: the base's file byte for byte
             raise ToolError(f"apache-airflow-core {core}: {pins.PACKAGE_PATH} is not the line's base")
         files = {pins.PACKAGE_PATH: executor, sup: fetch.read_pinned(pin)}
         return files, f"stage 0 (base {core}, task-sdk {sdk})", "pinned wheels"
@@ -147,9 +118,7 @@ def _release_sources(line: pins.Line, stage: int | None, core: str) -> tuple[dic
     if pin != line.pin(pins.SUPERVISOR):  # a task-sdk release with its own patched supervisor.py
         where = where / apply.sdk_release_dir(sdk)
         files[sup] = (where / sup).read_bytes()
-    n = series_length()
-    what = f"{n} patches" if n is not None else "the series"
-    return files, f"full series ({what}, task-sdk {sdk}: {LAYOUT.rel(where)})", LAYOUT.rel(where)
+    return files, f"full series ({_patches()}, task-sdk {sdk}: {LAYOUT.rel(where)})", LAYOUT.rel(where)
 
 
 def resolve_source(
@@ -197,9 +166,6 @@ class AirflowVenv:
     def python(self) -> Path:
         return self.path / "bin" / "python"
 
-    def executor_file(self) -> Path:
-        return venvs.purelib(self.python) / pins.PACKAGE_PATH
-
     def ensure(self) -> None:
         """Create (or reuse) the venv with the release's Airflow, constrained by the line's lock."""
         # why: the line's test lock floats to today's dependencies, which an older Airflow may not
@@ -222,7 +188,7 @@ class AirflowVenv:
             self.sdk,
             packages=[f"apache-airflow[{lock.extras(self.celery)}]=={self.core}"],
             constraints=constraints if constraints.is_file() else None,
-            python=base_python(),
+            python=sys.executable,  # uv cannot download one here
             say=self.say,
         )
 
@@ -246,14 +212,7 @@ class AirflowVenv:
         else:
             venvs.install_sources(self.python, source.sources)
             how = "copied (stale pyc removed)"
-        root = venvs.purelib(self.python)
-        for path, data in source.sources.items():
-            got = sha256((root / path).read_bytes())
-            if got != sha256(data):
-                raise ToolError(
-                    f"{root / path}: sha256 {got[:12]} after install, "
-                    f"expected {sha256(data)[:12]} ({source.label})"
-                )
+        self._check(source.sources, f"after install ({source.label})")
         return how
 
     def install_supervisor(self, fixed: bool) -> ExecutorSource:
@@ -279,24 +238,15 @@ class AirflowVenv:
             {path: want},
         )
 
-    def package_installed(self) -> str | None:
-        """The version of the series' wheel installed in the venv, if any."""
-        out = venvs.run_uv("pip", "list", "--format", "json", "--python", str(self.python))
-        found = [d for d in json.loads(out or "[]") if d.get("name") == package.DIST_NAME]
-        return str(found[0]["version"]) if found else None
-
     def install_package(self, dist: Path) -> ExecutorSource:
         """The release's own files, then the line's wheel built afresh into ``dist`` and pip-installed
         with the venv's core and task-sdk named beside it (as the Dockerfile pins Airflow), so the
         resolver cannot move Airflow to another release to satisfy the wheel."""
         bases = self._back_to_base()
         wheel = package.build(self.line, dist)
-        core_pin, sdk_pin = venvs.release_pins(self.core, self.sdk)
-        airflow = [fetch.ensure_pin(core_pin, self.core), fetch.ensure_pin(sdk_pin, self.sdk)]
-        venvs.run_uv(
-            "pip", "install", "--quiet", "--python", str(self.python), *map(str, airflow), str(wheel)
-        )
-        self._check_bases(bases, f"after installing {wheel.name}")
+        airflow = venvs.release_wheels(self.core, self.sdk)
+        venvs.pip(self.python, "install", "--quiet", *map(str, airflow), str(wheel))
+        self._check(bases, f"after installing {wheel.name} (the pinned base)")
         return ExecutorSource(
             label=f"package {wheel.name} ({package.EXECUTOR_CLASS})",
             stage=None,
@@ -307,22 +257,19 @@ class AirflowVenv:
 
     def patched_wheels(self) -> dict[str, str]:
         """The rebuilt Airflow wheels (``nox -s wheels``) installed in the venv: distribution -> version."""
-        out = venvs.run_uv("pip", "list", "--format", "json", "--python", str(self.python))
-        return {
-            d["name"]: d["version"] for d in json.loads(out or "[]") if wheels.is_patched(d.get("version"))
-        }
+        return {d: v for d, v in venvs.installed(self.python).items() if wheels.is_patched(v)}
 
     def install_wheels(self, dist: Path) -> ExecutorSource:
         """The release's own files, then its core and task-sdk wheels rebuilt with the series' files
         (``dist``) installed over them, as an image built from a private index would have them."""
         self._back_to_base()
         built = wheels.build_line(self.line, dist, core=self.core)
-        venvs.run_uv("pip", "install", "--quiet", "--no-deps", "--python", str(self.python), *map(str, built))
+        venvs.pip(self.python, "install", "--quiet", "--no-deps", *map(str, built))
         found = self.patched_wheels()
         if set(found) != {pins.DISTRIBUTION, pins.SUPERVISOR.distribution}:
             raise ToolError(f"{LAYOUT.rel(self.path)}: after installing the patched wheels it has {found}")
         want = self.sources(None)
-        self._check_bases(want, "after installing the patched wheels (expected the overlay's file)")
+        self._check(want, "after installing the patched wheels (the overlay's)")
         return ExecutorSource(
             label="patched wheels " + ", ".join(f"{d} {v}" for d, v in sorted(found.items())),
             stage=None,
@@ -335,21 +282,19 @@ class AirflowVenv:
         """PyPI's core and task-sdk back (the pinned wheels from the cache) over patched ones."""
         if not self.patched_wheels():
             return
-        core_pin, sdk_pin = venvs.release_pins(self.core, self.sdk)
-        pinned = [fetch.ensure_pin(core_pin, self.core), fetch.ensure_pin(sdk_pin, self.sdk)]
-        venvs.run_uv(
-            "pip", "install", "--quiet", "--no-deps", "--python", str(self.python), *map(str, pinned)
-        )
+        pinned = venvs.release_wheels(self.core, self.sdk)
+        venvs.pip(self.python, "install", "--quiet", "--no-deps", *map(str, pinned))
 
     def uninstall_package(self) -> None:
-        if self.package_installed() is not None:
-            venvs.run_uv("pip", "uninstall", "--quiet", "--python", str(self.python), package.DIST_NAME)
+        if package.DIST_NAME in venvs.installed(self.python):
+            venvs.pip(self.python, "uninstall", "--quiet", package.DIST_NAME)
 
-    def _check_bases(self, bases: dict[str, bytes], when: str) -> None:
+    def _check(self, files: dict[str, bytes], when: str) -> None:
         root = venvs.purelib(self.python)
-        for path, data in bases.items():
-            if sha256((root / path).read_bytes()) != sha256(data):
-                raise ToolError(f"{root / path}: not the pinned base {when}")
+        for path, data in files.items():
+            got, want = fetch.sha256_bytes((root / path).read_bytes()), fetch.sha256_bytes(data)
+            if got != want:
+                raise ToolError(f"{root / path}: sha256 {got[:12]} {when}, expected {want[:12]}")
 
     def _back_to_base(self) -> dict[str, bytes]:
         """Undo any earlier install (the package, the patched wheels, a stage copied in)."""
