@@ -100,6 +100,9 @@ def typecheck(session: nox.Session) -> None:
             session.error(str(exc))
         overlay = ROOT / "airflow_overlay" / line
         files = [f.package_path for f in pins.UPSTREAM_FILES if (overlay / f.package_path).is_file()]
+        # why: an overlay file imports the series' names from its siblings (the scheduler's loop waits
+        # through base_executor's wait_for_executor_events), which mypy reads from the installed package.
+        venvs.install_sources(python, {f: (overlay / f).read_bytes() for f in files})
         # why: the overlay's files at their installed paths, checked against the line's installed
         # Airflow and task-sdk (imports followed silently); then the same files as released, so
         # that only what the series adds is reported (upstream's own errors are upstream's).
