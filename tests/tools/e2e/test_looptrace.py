@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.measure.e2e import looptrace, looptrace_hook
+from tools.measure.e2e import looptrace, looptrace_hook, soak_check
 
 FAKE_AIRFLOW = {
     "airflow/__init__.py": "",
@@ -28,6 +28,10 @@ FAKE_AIRFLOW = {
 
             def _do_scheduling(self, session=None):
                 return self.n
+
+            def _run_scheduler_loop(self):
+                if self.n:
+                    raise RuntimeError("the database went away")
     """,
     "airflow/executors/__init__.py": "",
     "airflow/executors/base_executor.py": """
@@ -180,3 +184,45 @@ def test_compare_gives_each_stage_its_medians(tmp_path):
     assert "7.0s" in rows["stage 0"] and "18.00s" in rows["stage 0"] and "45%" in rows["stage 0"]
     assert rows["full series"].split()[2:4] == ["1", "64"]
     assert "(no trace)" in rows["stage 5"]
+
+
+# The loop ends twice: once returning, once raising; then a forked child's loop ends (not recorded).
+DRIVE_EXITS = """
+import os, site, sys
+site.addsitedir(sys.argv[2])
+sys.path.insert(0, sys.argv[3])
+from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+assert SchedulerJobRunner._run_scheduler_loop.__name__ == "_run_scheduler_loop"
+runner = SchedulerJobRunner()
+runner._run_scheduler_loop()
+runner.n = 1
+try:
+    runner._run_scheduler_loop()
+except RuntimeError:
+    pass
+else:
+    raise AssertionError("the wrapper swallowed the exception")
+pid = os.fork()
+if pid == 0:
+    runner.n = 0
+    runner._run_scheduler_loop()
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_hook_records_when_the_scheduler_loop_ends_returned_or_raised(tmp_path, fake_airflow):
+    # The soak tells a SIGTERM to a scheduler already ending its executor (its loop over: "signal
+    # again") from a first one by this record (soak_check.shutdown_hits).
+    site = tmp_path / "site"
+    site.mkdir()
+    looptrace.install(site)
+    trace = tmp_path / "trace.txt"
+    env = {"PATH": "/usr/bin:/bin", looptrace.ENV: str(trace)}
+    argv = [sys.executable, "-c", DRIVE_EXITS, "scheduler", str(site), str(fake_airflow)]
+    before = time.monotonic()
+    subprocess.run(argv, env=env, check=True, timeout=60)
+    lines = trace.read_text().splitlines()
+    assert [ln.split()[0] for ln in lines] == ["O", "X", "X"]
+    ends = soak_check.read_loop_exits(trace)
+    assert len(ends) == 2 and before <= ends[0] <= ends[1] <= time.monotonic()

@@ -241,3 +241,28 @@ def test_a_returned_try_run_again_without_a_fault_is_a_rerun() -> None:
     # ... but not when the driver killed that try's worker or task process: its result may be lost
     excused = check(records, tis, {"r": "success"}, T0, T_END, hit={"uuid-r-t-1": "kill-worker at 1.2s"})
     assert excused.violations == []
+
+
+def test_a_sigterm_to_a_scheduler_already_ending_its_executor_hits_the_tries_its_workers_held(
+    tmp_path: Path,
+) -> None:
+    # Seed 7's soak (2026-12-08): the database went down, the scheduler's loop raised at T0+39.3 and its
+    # executor's end() waited for five tries whose results could not be recorded yet; the soak's
+    # restart-scheduler SIGTERM at T0+43.8 was then Airflow's "signal again": the workers were killed,
+    # the tries ran again. Hit by that fault, as by a kill-worker: not a rerun.
+    trace = tmp_path / "looptrace-1.txt"
+    trace.write_text(f"O 1.0\nS {T0 + 38} {T0 + 38.2} 1.0 1.1 0\nX {T0 + 5} {T0 + 39.3} 0.5 1.2\nX bad\n")
+    assert soak_check.read_loop_exits(trace) == [T0 + 39.3]
+    assert soak_check.read_loop_exits(tmp_path / "missing.txt") == []
+    records = [*attempt("r", "t", 1, 1, T0 + 37.4, T0 + 40.4), *attempt("r", "t", 2, 2, T0 + 50, T0 + 53)]
+    tis = [ti("r", "t", "success", 2)]
+    hit = soak_check.shutdown_hits(["uuid-r-t-1", ""], [T0 + 39.3], T0 + 43.8, T0)
+    assert list(hit) == ["uuid-r-t-1"]
+    assert "restart-scheduler at 43.8s" in hit["uuid-r-t-1"] and "39.3s" in hit["uuid-r-t-1"]
+    assert check(records, tis, {"r": "success"}, T0, T_END, hit=hit).violations == []
+    # A first SIGTERM (the loop ends because of it, after it) must let end() wait for the tries: a try
+    # run again then is still a rerun.
+    assert soak_check.shutdown_hits(["uuid-r-t-1"], [T0 + 43.9], T0 + 43.8, T0) == {}
+    assert soak_check.shutdown_hits(["uuid-r-t-1"], [], T0 + 43.8, T0) == {}
+    first = check(records, tis, {"r": "success"}, T0, T_END, hit={})
+    assert invariants(first) == ["rerun"]

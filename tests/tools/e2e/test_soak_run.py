@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import time
 
 import pytest
 
-from tools.measure.e2e import soak, soak_faults
-from tools.measure.e2e.soak_check import Verdict, Violation
+from tools.measure.e2e import procfs, soak, soak_faults
+from tools.measure.e2e.soak_check import Incarnation, Verdict, Violation
 from tools.shared.errors import ToolError
 
 
@@ -120,3 +122,52 @@ def test_a_database_restart_fault_stops_postgres_for_its_down_time_and_starts_it
     o = _opts("--fault-rate", "restart-db=0.5")
     assert o.rates[soak_faults.RESTART_DB] == 0.5
     assert "db" in soak.figures_table(o, []).splitlines()[1].split()
+
+
+def _restartable(tmp_path, monkeypatch, exits: list[float]) -> tuple[soak.StageSoak, list[tuple[int, int]]]:
+    """A StageSoak whose scheduler 500 runs workers 501 (busy with try uuid-a) and 502 (idle), its loop
+    trace with ``exits`` (when its loop ended, as offsets from now); procfs faked, nothing signalled."""
+    now = time.monotonic()
+    (tmp_path / "looptrace-1.txt").write_text(
+        "O 1.0\n" + "".join(f"X {now - 60:.4f} {now + e:.4f} 0.1 0.2\n" for e in exits)
+    )
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(procfs, "all_stats", lambda: [])
+    monkeypatch.setattr(procfs, "descendants", lambda pid, stats=None: [])
+    monkeypatch.setattr(procfs, "send", lambda pid, sig: sent.append((pid, sig)))
+    workers = [argparse.Namespace(pid=501, busy_with="uuid-a"), argparse.Namespace(pid=502, busy_with=None)]
+    monkeypatch.setattr(procfs, "workers_of", lambda pid: workers)
+    monkeypatch.setattr(procfs, "kill_pids", lambda pids, sig=None: None)
+    old = argparse.Namespace(pid=500, popen=argparse.Namespace(wait=lambda timeout: 0), exit_code=lambda: 0)
+    new = argparse.Namespace(pid=600, started=now)
+    s = object.__new__(soak.StageSoak)
+    s.opts = _opts()
+    s.home = tmp_path
+    s.records = tmp_path / "attempts.jsonl"
+    s.result = soak.StageResult("full series", None, "aa")
+    s.t0 = now - 43.8
+    s.trace_n = 1
+    s.hit, s.observed, s.left_alive = {}, [], []
+    s.incarnations = [Incarnation(500, now - 40, 0.0, "end of soak")]
+    s.stack = argparse.Namespace(procs={"scheduler": old}, env={}, restart=lambda name: new)  # type: ignore[assignment]
+    return s, sent
+
+
+def test_a_sigterm_to_a_scheduler_ending_its_executor_hits_the_tries_its_workers_held(tmp_path, monkeypatch):
+    # Its loop had ended 4.5 s before the SIGTERM (the database went down): the SIGTERM is Airflow's
+    # second signal, which ends the workers, so the try worker 501 held was hit (seed 7, 2026-12-08).
+    s, sent = _restartable(tmp_path, monkeypatch, exits=[-4.5])
+    said = s._restart_scheduler(sigterm=True)
+    assert sent == [(500, signal.SIGTERM)]
+    assert list(s.hit) == ["uuid-a"] and s.hit["uuid-a"].startswith("restart-scheduler at 43.8s")
+    assert "stopped looping by itself: 1 running tries ended with it" in said
+    assert said.endswith("started again as 600")
+
+
+def test_a_first_sigterm_to_a_looping_scheduler_hits_no_try(tmp_path, monkeypatch):
+    # The loop ends because of the SIGTERM (its record comes after it), or the trace has none: end()
+    # must wait for the running tries, and one run again is a rerun.
+    for exits in ([0.5], []):
+        s, _ = _restartable(tmp_path, monkeypatch, exits=exits)
+        said = s._restart_scheduler(sigterm=True)
+        assert s.hit == {} and "stopped looping" not in said

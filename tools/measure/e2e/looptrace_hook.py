@@ -10,7 +10,10 @@ modules are imported, it wraps ``SchedulerJobRunner._do_scheduling`` (once per s
 ``H <start> <end> <cpu start> <cpu end>`` (a heartbeat) and
 ``W <start> <end> <cpu start> <cpu end>`` (the loop's idle sleep: ``time.sleep`` in the scheduler's
 module, or ``wait_for_executor_events`` where the series has it), after one
-``O <wall clock - monotonic>`` line that puts them on the database's clock.
+``O <wall clock - monotonic>`` line that puts them on the database's clock; and once, when
+``SchedulerJobRunner._run_scheduler_loop`` returns or raises (the scheduler stops looping and its
+executors' ``end()`` follows), ``X <start> <end> <cpu start> <cpu end>``: from then on the scheduler is
+shutting down, and a signal it gets is Airflow's "signal again" (the driver's soak reads it).
 
 Times are ``time.monotonic()`` (one clock for every process on the machine, so the driver can cut the
 records at its trigger), CPU is the calling thread's.
@@ -52,6 +55,22 @@ def _timed(fn: Callable[..., Any], kind: str, fd: int, pid: int) -> Callable[...
     return wrapper
 
 
+def _exits(fn: Callable[..., Any], kind: str, fd: int, pid: int) -> Callable[..., Any]:
+    """As ``_timed``, but the record is written however the call ends: returned or raised."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0, c0 = time.monotonic(), time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if os.getpid() == pid:
+                t1, c1 = time.monotonic(), time.thread_time()
+                os.write(fd, f"{kind} {t0:.4f} {t1:.4f} {c0:.4f} {c1:.4f}\n".encode())
+
+    return wrapper
+
+
 class _Loader(importlib.abc.Loader):
     def __init__(self, inner: importlib.abc.Loader, name: str, fd: int, pid: int):
         self.inner = inner
@@ -73,6 +92,8 @@ class _Loader(importlib.abc.Loader):
         setattr(cls, meth, _timed(getattr(cls, meth), kind, self.fd, self.pid))
         if kind != "S":
             return
+        if (loop := getattr(cls, "_run_scheduler_loop", None)) is not None:
+            cls._run_scheduler_loop = _exits(loop, "X", self.fd, self.pid)
         names = vars(module)  # the loop looks both up in its module's namespace
         if (wait := names.get("wait_for_executor_events")) is not None:
             names["wait_for_executor_events"] = _timed(wait, "W", self.fd, self.pid)

@@ -346,7 +346,9 @@ class StageSoak:
         stats = procfs.all_stats()
         below = [(s.pid, s.starttime) for s in stats if s.pid in set(procfs.descendants(proc.pid, stats))]
         how = f"exited {proc.exit_code()}"
+        forced = ""
         if sigterm:
+            held = [w.busy_with for w in procfs.workers_of(proc.pid) if w.busy_with]
             t_sig = time.monotonic()
             procfs.send(proc.pid, signal.SIGTERM)
             assert proc.popen is not None
@@ -368,6 +370,14 @@ class StageSoak:
                     )
                 )
             self.incarnations[-1].until = t_sig
+            # A scheduler that had stopped looping by itself (e.g. its database went away) was waiting in
+            # its executor's end(): this SIGTERM was its second signal, which ends the workers and the
+            # tries they held. Those tries were hit, as by a kill-worker (the rerun invariant).
+            exits = soak_check.read_loop_exits(self._trace_file(self.trace_n))
+            if hits := soak_check.shutdown_hits(held, exits, t_sig, self.t0):
+                for ti, why in hits.items():
+                    self.hit.setdefault(ti, why)
+                forced = f"; it had stopped looping by itself: {len(hits)} running tries ended with it"
         else:
             self.incarnations[-1].until = time.monotonic()
         self.incarnations[-1].how = how
@@ -396,7 +406,7 @@ class StageSoak:
         self.incarnations.append(Incarnation(new.pid, new.started, 0.0, "end of soak"))
         self._restarted("scheduler", "fault" if sigterm else "exited")
         return (
-            f"scheduler {proc.pid}: {how}; {len(left)} left behind"
+            f"scheduler {proc.pid}: {how}{forced}; {len(left)} left behind"
             + (f" ({', '.join(str(p) for p, _ in sorted(left)[:6])}, killed)" if left else "")
             + f"; started again as {new.pid}"
         )

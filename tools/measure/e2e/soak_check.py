@@ -22,7 +22,11 @@ rerun
     task instance, unless the driver killed that try's task process or worker (``hit``: the try's
     uuid, which the records carry, to what hit it): then its result may be lost before it was
     reported, and running it again is what Airflow promises (at least once). Without such a fault
-    the task ran twice for nothing, e.g. a result dropped across a scheduler restart.
+    the task ran twice for nothing, e.g. a result dropped across a scheduler restart. A
+    ``restart-scheduler`` SIGTERM is such a fault for the tries its workers held only when the
+    scheduler had already stopped looping by itself (``shutdown_hits``): its executor's ``end()`` was
+    waiting for them, and a signal then is Airflow's "signal again if you don't want to wait", which
+    ends the workers (3.4's ``LocalExecutor.end()``, the series' patch 1); a first SIGTERM must wait.
 left-alive
     No task process, nor a child it forked past the child's own lifetime, is alive at the end, or
     after the scheduler above it exited (what the driver saw, passed in as ``LeftAlive``).
@@ -198,6 +202,40 @@ def read_loops(path: Path) -> list[tuple[float, float]]:
             except ValueError:
                 continue
     return sorted(out)
+
+
+def read_loop_exits(path: Path) -> list[float]:
+    """When the scheduler stopped looping (``X`` records of a loop trace: ``_run_scheduler_loop`` ended)."""
+    out = []
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == "X":
+            try:
+                out.append(float(parts[2]))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+def shutdown_hits(
+    held: Iterable[str], loop_exits: Sequence[float], t_sig: float, t0: float
+) -> dict[str, str]:
+    """The tries a scheduler's SIGTERM at ``t_sig`` hit: those its workers held (their uuids), when its loop
+    had already ended before the signal (it was in its executors' ``end()``, so the SIGTERM was Airflow's
+    second signal: the workers are terminated, a try's unreported result is lost). None otherwise: a first
+    SIGTERM ends the loop, and ``end()`` then waits for the running tries."""
+    before = [t for t in loop_exits if t < t_sig]
+    if not before:
+        return {}
+    why = (
+        f"restart-scheduler at {t_sig - t0:.1f}s: a second signal (the scheduler had stopped looping "
+        f"at {before[-1] - t0:.1f}s and was ending its executor), which terminates the workers"
+    )
+    return {ti: why for ti in held if ti}
 
 
 def _ti(key: TiKey) -> str:
