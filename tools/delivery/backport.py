@@ -149,7 +149,7 @@ class State:
 
     @property
     def current(self) -> BranchRun | None:
-        return next((b for b in self.branches if not BranchStatus(b.status).finished), None)
+        return next(iter(self.remaining), None)
 
     @property
     def remaining(self) -> list[BranchRun]:
@@ -172,18 +172,8 @@ def read_series(layout: Layout) -> list[Path]:
     return [layout.patches / name for name in names]
 
 
-def base_line(base: str) -> pins.Line:
-    """The pinned line of the branch the series is applied onto (``main``: the pre-release line)."""
-    return lineform.line_of_branch(base) or lineform.line_of_branch("main") or pins.PRIMARY
-
-
-def patch_message(patch: Patch) -> str:
-    """The commit message ``git am`` makes of a patch mail (DEP-3 block included)."""
-    return f"{patch.subject}\n\n{patch.message}".strip() + "\n"
-
-
 def source_commit(patch: Patch, index: int) -> SourceCommit:
-    msg = commitmsg.parse(patch_message(patch))
+    msg = commitmsg.parse(lineform.patch_message(patch))
     commit = (msg.get("upstream-commit") or "").strip()
     if commit and not re.fullmatch(r"[0-9a-f]{40}", commit):
         raise BackportError(
@@ -196,8 +186,7 @@ def source_commit(patch: Patch, index: int) -> SourceCommit:
 
 def _first_line(exc: GitError) -> str:
     text = (exc.stdout + exc.stderr).strip().splitlines()
-    where = [ln.strip() for ln in text if ln.startswith(("CONFLICT", "error: "))]
-    return where[0] if where else (text[-1] if text else str(exc))
+    return lineform.conflict_line(exc) or (text[-1] if text else str(exc))
 
 
 def cherry_picker_message(repo: Path, source_sha: str, branch: str, origin: str | None = None) -> str:
@@ -267,9 +256,7 @@ class Backport:
 
     def resolve_branch(self, name: str) -> str:
         """A branch, a remote-tracking one (upstream/, origin/), or a pinned line name like 3.2."""
-        for line in pins.LINES:
-            if name == line.name:
-                name = line.branch
+        name = self.branch_name(name)
         for ref in (f"refs/heads/{name}", f"refs/remotes/upstream/{name}", f"refs/remotes/origin/{name}"):
             if sha := self.rev(ref):
                 return sha
@@ -336,56 +323,50 @@ class Backport:
         picked 3-way, so a recorded resolution of the line is what lands); a patch the engine
         reports ``upstream`` there gets no commit."""
         patches = read_series(self.layout)
-        line = base_line(base_name)
+        line = lineform.base_line(base_name)
         form = lineform.line_form(line, self.layout)
         source: list[SourceCommit] = []
-        with tempfile.TemporaryDirectory(prefix="lepatch-series-") as tmp:
-            wt = Path(tmp) / "wt"
-            self.g("worktree", "add", "--detach", str(wt), base_sha)
-            try:
-                for k, path in enumerate(patches, 1):
-                    patch = read_patch(path)
-                    src = source_commit(patch, k)
-                    if form.has_stage(k) and form.is_upstream(k):
-                        src.upstream = line.version
-                        source.append(src)
-                        continue
-                    if not form.has_stage(k):
-                        raise BackportError(
-                            f"{path}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
-                            f"backport: {form.details[k - 1] or 'an earlier patch failed'} "
-                            f"(python -m tools apply --line {line.name})"
-                        )
-                    msg = commitmsg.parse(patch_message(patch))
-                    head = git("rev-parse", "HEAD", cwd=wt).strip()
-                    change = lineform.self_contained(
-                        form.change(k - 1, k), form.stage(k),
-                        functools.partial(lineform.has_path, self.repo, head), REPO_TESTS_DIR,
-                    )  # fmt: skip
-                    carrier = lineform.overlay_commit(
-                        self.repo, head, change, msg.upstream_message(),
-                        author=patch.author, date=patch.date,
-                    )  # fmt: skip
-                    try:
-                        git("cherry-pick", "--allow-empty", carrier, cwd=wt)
-                    except GitError as exc:
-                        git("cherry-pick", "--abort", cwd=wt, check=False)
-                        raise BackportError(
-                            f"{path}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
-                            f"backport, as the {line.name} line has it: {_first_line(exc)}"
-                        ) from exc
-                    date = git("log", "-1", "--format=%aI", cwd=wt).strip()
-                    # Committer date = author date: the same series on the same base gives the same ids.
-                    git(
-                        "commit", "--amend", "--quiet", "--no-verify", "--allow-empty", "-m",
-                        msg.upstream_message(), cwd=wt, env={"GIT_COMMITTER_DATE": date},
-                    )  # fmt: skip
-                    src.sha = git("rev-parse", "HEAD", cwd=wt).strip()
+        with lineform.temp_worktree(self.repo, base_sha, "lepatch-series-") as wt:
+            for k, path in enumerate(patches, 1):
+                patch = read_patch(path)
+                src = source_commit(patch, k)
+                if form.has_stage(k) and form.is_upstream(k):
+                    src.upstream = line.version
                     source.append(src)
-                tip = git("rev-parse", "HEAD", cwd=wt).strip()
-            finally:
-                self.g("worktree", "remove", "--force", str(wt), check=False)
-                self.g("worktree", "prune", check=False)
+                    continue
+                if not form.has_stage(k):
+                    raise BackportError(
+                        f"{path}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
+                        f"backport: {form.details[k - 1] or 'an earlier patch failed'} "
+                        f"(python -m tools apply --line {line.name})"
+                    )
+                msg = commitmsg.parse(lineform.patch_message(patch))
+                head = git("rev-parse", "HEAD", cwd=wt).strip()
+                change = lineform.self_contained(
+                    form.change(k - 1, k), form.stage(k),
+                    functools.partial(lineform.has_path, self.repo, head), REPO_TESTS_DIR,
+                )  # fmt: skip
+                carrier = lineform.overlay_commit(
+                    self.repo, head, change, msg.upstream_message(),
+                    author=patch.author, date=patch.date,
+                )  # fmt: skip
+                try:
+                    git("cherry-pick", "--allow-empty", carrier, cwd=wt)
+                except GitError as exc:
+                    git("cherry-pick", "--abort", cwd=wt, check=False)
+                    raise BackportError(
+                        f"{path}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
+                        f"backport, as the {line.name} line has it: {_first_line(exc)}"
+                    ) from exc
+                date = git("log", "-1", "--format=%aI", cwd=wt).strip()
+                # Committer date = author date: the same series on the same base gives the same ids.
+                git(
+                    "commit", "--amend", "--quiet", "--no-verify", "--allow-empty", "-m",
+                    msg.upstream_message(), cwd=wt, env={"GIT_COMMITTER_DATE": date},
+                )  # fmt: skip
+                src.sha = git("rev-parse", "HEAD", cwd=wt).strip()
+                source.append(src)
+            tip = git("rev-parse", "HEAD", cwd=wt).strip()
         if tip == base_sha:
             return source, False  # every patch is upstream: no series branch to make
         existing = self.rev(f"refs/heads/{series_branch}")
@@ -462,7 +443,7 @@ class Backport:
             test=test,
             patches=str(self.layout.patches),
             base_sha=base_sha,
-            base_line=base_line(base).name,
+            base_line=lineform.base_line(base).name,
         )
         self.save(st)
         ups = [s.patch.split("-", 1)[0] for s in source if s.upstream]
@@ -559,13 +540,11 @@ class Backport:
             "",
             f"  {'branch':<14} {'backport branch':<34} {'status':<13} patches",
         ]
-        for b in st.branches:
-            rows.append(
-                f"  {b.branch:<14} {b.backport_branch:<34} {b.status:<13} {b.next_patch}/{len(st.source)}"
-            )
-        remaining = st.remaining
-        rows.append("")
-        rows.append(f"remaining: {', '.join(b.branch for b in remaining) or 'none'}")
+        rows += [
+            f"  {b.branch:<14} {b.backport_branch:<34} {b.status:<13} {b.next_patch}/{len(st.source)}"
+            for b in st.branches
+        ]
+        rows += ["", f"remaining: {', '.join(b.branch for b in st.remaining) or 'none'}"]
         if (run := st.current) and run.next_patch < len(st.source):
             rows.append(f"next: {st.source[run.next_patch].patch} onto {run.branch}")
         if files := self.unmerged():
@@ -631,7 +610,7 @@ class Backport:
                     f"python -m tools apply --line {form.line.name}"
                 )
         patch = read_patch(self.layout.patches / src.patch)
-        msg = commitmsg.parse(patch_message(patch))
+        msg = commitmsg.parse(lineform.patch_message(patch))
         head = self.rev("HEAD") or ""
         sha = lineform.overlay_commit(
             self.repo,

@@ -42,7 +42,6 @@ import argparse
 import re
 import shlex
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,8 +316,7 @@ class PrPreparer:
 
     def resolve(self, ref: str) -> str:
         for candidate in (f"refs/heads/{ref}", f"refs/remotes/upstream/{ref}", f"refs/remotes/origin/{ref}"):
-            sha = self.g("rev-parse", "--verify", "--quiet", f"{candidate}^{{commit}}", check=False).strip()
-            if sha:
+            if sha := self.rev(candidate):
                 return sha
         raise PrError(
             f"{self.repo}: no branch {ref!r} (looked in local, upstream/ and origin/); "
@@ -341,7 +339,7 @@ class PrPreparer:
 
     def plan(self, patch: Path) -> Plan:
         """The stages the PR spans on the base's line, from the patch's PR-Folds / PR-Stack-On."""
-        line = lineform.line_of_branch(self.base) or lineform.line_of_branch("main") or pins.PRIMARY
+        line = lineform.base_line(self.base)
         form = lineform.line_form(line, self.layout)
         k = form.index(patch.name)
         if form.has_stage(k) and form.is_upstream(k):
@@ -418,14 +416,8 @@ class PrPreparer:
             base_sha = self.rev(f"refs/heads/{stacked}")
         else:
             base_sha = self.resolve(self.base)
-        with tempfile.TemporaryDirectory(prefix="lepatch-pr-") as tmp:
-            wt = Path(tmp) / "wt"
-            self.g("worktree", "add", "--detach", str(wt), base_sha)
-            try:
-                return self._prepare_in(wt, plan, stem, branch, base_sha, exists, run_tests, stacked)
-            finally:
-                self.g("worktree", "remove", "--force", str(wt), check=False)
-                self.g("worktree", "prune", check=False)
+        with lineform.temp_worktree(self.repo, base_sha, "lepatch-pr-") as wt:
+            return self._prepare_in(wt, plan, stem, branch, base_sha, exists, run_tests, stacked)
 
     def _prepare_in(
         self,
@@ -465,22 +457,12 @@ class PrPreparer:
                     tests_dir,
                 )
         carrier = lineform.overlay_commit(
-            self.repo,
-            base_sha,
-            change,
-            message,
-            author=header.author,
-            date=header.date,
+            self.repo, base_sha, change, message, author=header.author, date=header.date
         )
         try:
             git("cherry-pick", "--allow-empty", carrier, cwd=wt)
         except GitError as exc:
             git("cherry-pick", "--abort", cwd=wt, check=False)
-            where = [
-                ln.strip()
-                for ln in (exc.stdout + exc.stderr).splitlines()
-                if ln.startswith(("CONFLICT", "error: "))
-            ]
             pending = [n for n in form.names[: plan.start] if n not in plan.upstream]
             hint = (
                 f"; it builds on {', '.join(n.split('-', 1)[0] for n in pending)} of the series, not "
@@ -492,7 +474,7 @@ class PrPreparer:
             onto = stacked or self.base
             raise PrError(
                 f"{patch}: does not apply to {onto} ({base_sha[:10]}) even with 3-way merge: "
-                f"{where[0] if where else last_line(exc.stderr)}{hint}"
+                f"{lineform.conflict_line(exc) or last_line(exc.stderr)}{hint}"
             ) from exc
         newsfragment = None
         if msg.significant:
@@ -548,20 +530,9 @@ class PrPreparer:
         )
         body_path.write_text(pr_body(msg, tests, generated_by, newsfragment, sections, verified))
         result = Prepared(
-            patch,
-            branch,
-            commit,
-            msg.title,
-            body_path,
-            tests,
-            newsfragment,
-            plan,
-            found,
-            removed,
-            stacked,
-            records,
-            outcome,
-        )
+            patch, branch, commit, msg.title, body_path, tests, newsfragment, plan, found, removed, stacked,
+            records, outcome,
+        )  # fmt: skip
         self.report(result, generated_by)
         return result
 
@@ -693,19 +664,13 @@ class PrPreparer:
         exists = self.free_branch(branch, force)
         base_sha = self.resolve(self.base)
         line = lineform.line_of_branch(self.base) or upstream_prs.line()
-        with tempfile.TemporaryDirectory(prefix="lepatch-pr-") as tmp:
-            wt = Path(tmp) / "wt"
-            self.g("worktree", "add", "--detach", str(wt), base_sha)
-            try:
-                return self._standalone_in(wt, patch, line, branch, base_sha, exists, run_tests)
-            finally:
-                self.g("worktree", "remove", "--force", str(wt), check=False)
-                self.g("worktree", "prune", check=False)
+        with lineform.temp_worktree(self.repo, base_sha, "lepatch-pr-") as wt:
+            return self._standalone_in(wt, patch, line, branch, base_sha, exists, run_tests)
 
     def _message(self, header: Patch) -> tuple[commitmsg.Message, str, str | None]:
         """The patch's message parsed, the PR commit's message made of it, and its Generated-by:
         this run's, else the patch's own trailer."""
-        original = f"{header.subject}\n\n{header.message}".strip() + "\n"
+        original = lineform.patch_message(header)
         msg = commitmsg.parse(original)
         generated_by = self.generated_by
         if not generated_by and (m := re.search(r"^Generated-by:\s*(.+)$", original, flags=re.M)):
