@@ -303,15 +303,8 @@ class PrPreparer:
 
     def find_patch(self, name: str) -> Path:
         """A patch of the series by file name, stem or number (``3``, ``0003``)."""
-        series = read_series_names(self.layout.series_file)
-        wanted = Path(name).name
-        for entry in series:
-            stem = entry.removesuffix(".patch")
-            number = stem.split("-", 1)[0]
-            if wanted in (entry, stem) or (
-                wanted.isdigit() and number.isdigit() and int(wanted) == int(number)
-            ):
-                return self.layout.patches / entry
+        if entry := upstream_prs.match(read_series_names(self.layout.series_file), name):
+            return self.layout.patches / entry
         raise PrError(f"{self.layout.series_file}: no patch {name!r} in the series")
 
     def resolve(self, ref: str) -> str:

@@ -56,14 +56,21 @@ def names(layout: Layout = DEFAULT) -> list[str]:
     return read_series_names(listed) if listed.is_file() else []
 
 
-def find(layout: Layout, wanted: str) -> Path:
-    """A standalone PR by file name, stem or number (``2``, ``0002``)."""
+def match(entries: Sequence[str], wanted: str) -> str | None:
+    """The entry ``wanted`` names by file name, stem or number (``2``, ``0002``), if any."""
     want = Path(wanted).name
-    for entry in names(layout):
+    for entry in entries:
         stem = entry.removesuffix(".patch")
         number = stem.split("-", 1)[0]
         if want in (entry, stem) or (want.isdigit() and number.isdigit() and int(want) == int(number)):
-            return layout.upstream_prs / entry
+            return entry
+    return None
+
+
+def find(layout: Layout, wanted: str) -> Path:
+    """A standalone PR by file name, stem or number (``2``, ``0002``)."""
+    if entry := match(names(layout), wanted):
+        return layout.upstream_prs / entry
     raise UpstreamPrError(f"{layout.rel(layout.upstream_prs / LIST_NAME)}: no standalone PR {wanted!r}")
 
 
@@ -205,10 +212,10 @@ def _cell(run: TestRun | None) -> str:
 
 def render(results: Sequence[Checked], version: str) -> str:
     rows = [("standalone PR", "applies", f"{version} unpatched", "with the patch", "")]
-    for r in results:
-        rows.append(
-            (r.name.removesuffix(".patch"), r.applies, _cell(r.base), _cell(r.fixed), "ok" if r.ok else "!")
-        )
+    rows += [
+        (r.name.removesuffix(".patch"), r.applies, _cell(r.base), _cell(r.fixed), "ok" if r.ok else "!")
+        for r in results
+    ]
     lines = table.render(rows)
     for r in results:
         base_failed = r.base.failed if r.base else []
