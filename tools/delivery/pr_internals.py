@@ -26,6 +26,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from tools.delivery import upstream_tests
+
 EXECUTOR_CLASS = "LocalExecutor"
 EXECUTOR_MODULE = "airflow.executors.local_executor"
 TESTS_ROOT = "airflow-core/tests/"
@@ -202,22 +204,17 @@ class _Scanner(ast.NodeVisitor):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._enter(node)
 
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.scope.append(node.name)
         for deco in node.decorator_list:
             self.visit(deco)
-        self.visit(node.args)
+        if isinstance(node, ast.FunctionDef):  # an async def's arguments are not scanned
+            self.visit(node.args)
         for child in node.body:
             self.visit(child)
         self.scope.pop()
 
-    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
-        self.scope.append(node.name)
-        for deco in node.decorator_list:
-            self.visit(deco)
-        for child in node.body:
-            self.visit(child)
-        self.scope.pop()
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.module == EXECUTOR_MODULE:
@@ -276,15 +273,7 @@ def test_functions(files: Mapping[str, bytes]) -> set[str]:
             tree = ast.parse(data.decode("utf-8", "replace"))
         except SyntaxError:
             continue
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
-                found.add(f"{base}::{node.name}")
-            elif isinstance(node, ast.ClassDef):
-                for item in node.body:
-                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name.startswith(
-                        "test"
-                    ):
-                        found.add(f"{base}::{node.name}::{item.name}")
+        found |= {f"{base}::{name}" for name in upstream_tests.test_nodes(tree)}
     return found
 
 
@@ -295,11 +284,10 @@ def findings(
     equivalents: Mapping[str, tuple[str, ...]] = EQUIVALENTS,
 ) -> list[Finding]:
     by_name = {r.name: r for r in removed}
-    out = []
-    for hit in hits:
-        ours = [t for t in equivalents.get(hit.name, ()) if t in our_tests]
-        out.append(Finding(hit, by_name[hit.name], ours))
-    return out
+    return [
+        Finding(hit, by_name[hit.name], [t for t in equivalents.get(hit.name, ()) if t in our_tests])
+        for hit in hits
+    ]
 
 
 def render(removed: list[Removed], found: list[Finding], scanned: int, our_dir: str) -> str:

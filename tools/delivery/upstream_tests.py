@@ -187,7 +187,8 @@ def _module_defs(tree: ast.Module) -> dict[str, str]:
     }
 
 
-def _tests(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+def test_nodes(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every test function of a module by name (``test_x``, ``Class::test_x``)."""
     out: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
@@ -207,14 +208,14 @@ def _names_used(node: ast.AST) -> set[str]:
 
 
 def test_names(text: str) -> set[str]:
-    return set(_tests(ast.parse(text)))
+    return set(test_nodes(ast.parse(text)))
 
 
 def touched_tests(before: str, after: str) -> set[str]:
     """Tests whose code differs, that were added or removed, or that use (through module-level helpers and
     fixtures, by name) a helper whose code differs."""
     old, new = ast.parse(before), ast.parse(after)
-    old_tests, new_tests = _tests(old), _tests(new)
+    old_tests, new_tests = test_nodes(old), test_nodes(new)
     old_defs, new_defs = _module_defs(old), _module_defs(new)
     changed = {n for n in set(old_defs) | set(new_defs) if old_defs.get(n) != new_defs.get(n)}
     helpers = {n.name: n for n in new.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
@@ -226,7 +227,7 @@ def touched_tests(before: str, after: str) -> set[str]:
             if name not in changed and _names_used(node) & changed:
                 changed.add(name)
                 grew = True
-    out = {t for t in set(old_tests) ^ set(new_tests)}
+    out = set(old_tests) ^ set(new_tests)
     for name in set(old_tests) & set(new_tests):
         if ast.dump(old_tests[name]) != ast.dump(new_tests[name]) or _names_used(new_tests[name]) & changed:
             out.add(name)
@@ -334,19 +335,8 @@ def run_text(
             run_env[START_METHOD_ENV] = start_method
         else:
             run_env.pop(START_METHOD_ENV, None)
-        args = [
-            "-m",
-            "pytest",
-            "-q",
-            "-rfEs",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "lepatch_upstream_plugin",
-            f"--timeout={PER_TEST_TIMEOUT}",
-            "test_local_executor.py",
-            *extra,
-        ]
+        args = ["-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-p", "lepatch_upstream_plugin"]
+        args += [f"--timeout={PER_TEST_TIMEOUT}", "test_local_executor.py", *extra]
         shown = "python -m pytest test_local_executor.py" + (f" [{start_method}]" if start_method else "")
         return run_pytest([str(python), *args], root, run_env, shown)
 
