@@ -272,13 +272,6 @@ def rebuild(
 Fetch = Callable[[str, str, str], Path]
 
 
-def _fetch_cached(layout: Layout) -> Fetch:
-    def get(distribution: str, version: str, sha256: str) -> Path:
-        return fetch.ensure_verified(version, sha256, layout, distribution=distribution)
-
-    return get
-
-
 def build_line(
     line: pins.Line,
     out: Path,
@@ -288,7 +281,9 @@ def build_line(
 ) -> list[Path]:
     """Rebuild every wheel of ``line`` into ``out`` (with ``core``, that core release's and its
     task-sdk's alone); returns the wheels' paths."""
-    get = fetch_wheel or _fetch_cached(layout)
+    get = fetch_wheel or (
+        lambda dist, version, sha: fetch.ensure_verified(version, sha, layout, distribution=dist)
+    )
     label = local_label(layout)
     epoch = int(package.source_date(layout).timestamp())
     built = []
