@@ -42,11 +42,6 @@ Tree = dict[str, bytes]
 Change = dict[str, tuple[bytes | None, bytes | None]]
 
 
-def make_engine(layout: Layout = DEFAULT, base: Callable[[Line], bytes] | None = None) -> engine_mod.Engine:
-    """An engine for ``layout`` (tests pass the bases of a synthetic series)."""
-    return engine_mod.Engine(layout, base=base)
-
-
 _ENGINES: dict[Path, engine_mod.Engine] = {}
 
 
@@ -54,7 +49,7 @@ def engine_for(layout: Layout) -> engine_mod.Engine:
     """One engine per patches directory and process (the default layout shares the engine's own)."""
     key = layout.patches.resolve()
     if key not in _ENGINES:
-        _ENGINES[key] = engine_mod.default_engine() if layout == DEFAULT else make_engine(layout)
+        _ENGINES[key] = engine_mod.default_engine() if layout == DEFAULT else engine_mod.Engine(layout)
     return _ENGINES[key]
 
 
@@ -99,11 +94,9 @@ class LineForm:
         return {p: (a.get(p), b.get(p)) for p in sorted(set(a) | set(b)) if a.get(p) != b.get(p)}
 
 
-def line_form(
-    line: Line | str, layout: Layout = DEFAULT, engine: engine_mod.Engine | None = None
-) -> LineForm:
+def line_form(line: Line | str, layout: Layout = DEFAULT) -> LineForm:
     """Apply the series of ``layout`` to ``line`` (the engine's result, computed once)."""
-    engine = engine or engine_for(layout)
+    engine = engine_for(layout)
     result = engine.apply_line(line)
     series = engine.series
     return LineForm(

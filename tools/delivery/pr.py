@@ -632,7 +632,7 @@ class PrPreparer:
             and f != upstream_tests.REPO_FILE  # run whole, with its stand-ins: run_upstream_file()
         ]
 
-    def run_tests(self, wt: Path, commit: str, line: pins.Line = pins.PRIMARY) -> TestRun:
+    def run_tests(self, wt: Path, commit: str, line: pins.Line) -> TestRun:
         """The PR's test files, in the line's venv with the branch's executor installed."""
         return run_test_files(wt, self.test_files(wt, commit), line, self.python)
 
@@ -697,7 +697,7 @@ class PrPreparer:
             # Without the fix first: its tests on the base's executor, where each Regression-Test must fail.
             (wt / pins.REPO_PATH).write_bytes(before)
             try:
-                unfixed = run_test_files(wt, self.test_files(wt, commit), line, self.python)
+                unfixed = self.run_tests(wt, commit, line)
             finally:
                 (wt / pins.REPO_PATH).write_bytes(after)
             tests = self.run_tests(wt, commit, line)

@@ -114,10 +114,9 @@ def lint(layout: Layout = DEFAULT) -> list[str]:
     return errors
 
 
-def apply_to(patch_path: Path, base: bytes, label: str | None = None) -> dict[str, bytes]:
+def apply_to(patch_path: Path, base: bytes) -> dict[str, bytes]:
     """The files the patch leaves on a tree holding only ``base`` as the executor; strict, no fuzz.
-
-    ``label`` names ``base`` in the error (default: the pinned base's version)."""
+    An error names the pinned base's version."""
     patch = read_patch(patch_path)
     with tempfile.TemporaryDirectory(prefix="lepatch-upstream-pr-") as tmp:
         root = Path(tmp)
@@ -130,7 +129,7 @@ def apply_to(patch_path: Path, base: bytes, label: str | None = None) -> dict[st
             from tools.engine.apply import describe_apply_error
 
             reason = describe_apply_error(patch, exc.stderr)
-            onto = f"{pins.REPO_PATH} of {label or line().version}"
+            onto = f"{pins.REPO_PATH} of {line().version}"
             raise UpstreamPrError(f"{patch_path.name}: does not apply to {onto}: {reason}", reason) from exc
         return {p: (root / p).read_bytes() for p in patch.touched if (root / p).is_file()}
 

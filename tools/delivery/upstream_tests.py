@@ -318,7 +318,6 @@ def run_text(
     start_method: str | None = None,
     layout: Layout = DEFAULT,
     extra: Sequence[str] = (),
-    env: Mapping[str, str] | None = None,
 ) -> Outcome:
     """Run ``text`` (the test file) with pytest under ``python`` (its venv has the executor installed),
     from a temporary directory outside the repository, with the stand-ins."""
@@ -326,7 +325,7 @@ def run_text(
         root = Path(tmp)
         (root / "test_local_executor.py").write_text(text)
         (root / "pytest.ini").write_text("[pytest]\n")
-        run_env = dict(env) if env is not None else dict(os.environ)
+        run_env = dict(os.environ)
         run_env.setdefault("AIRFLOW_HOME", str(root / "airflow-home"))
         run_env.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
         run_env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", "lepatch-tests-not-a-secret")

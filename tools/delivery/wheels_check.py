@@ -77,14 +77,6 @@ def _records(out: Path, line: pins.Line, versions: dict[str, str]) -> dict[str, 
     return recs
 
 
-def check_install(
-    lines: list[pins.Line], out: Path, python: str | None = None, layout: Layout = DEFAULT
-) -> int:
-    for line in lines:
-        check_line(line, out, python or sys.executable, layout)
-    return 0
-
-
 def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DEFAULT) -> None:
     label = wheels.local_label(layout)
     core, sdk = pins.DISTRIBUTION, pins.SUPERVISOR.distribution
@@ -172,7 +164,9 @@ def _cmd_wheels(args: argparse.Namespace) -> int:
     lines = pins.selected_lines(args)
     out = args.out.resolve()
     if args.check_install:
-        return check_install(lines, out, python=args.python)
+        for line in lines:
+            check_line(line, out, args.python or sys.executable)
+        return 0
     for wheel in wheels.build(lines, out):
         print(f"{DEFAULT.rel(wheel)} sha256 {fetch.sha256_file(wheel)[:16]}")
     print(
