@@ -178,12 +178,12 @@ def contents_section(plan: Plan, layout: Layout, stacked: str | None, whole: Seq
     else:
         out.append(f"One commit: the series' change on {line} from stage {plan.start} to stage {plan.end}.")
     if plan.folds:
-        out.append("")
-        out.append(
+        out += [
+            "",
             "It folds in the earlier patches of the series that were never proposed on their own, so "
-            "code they add and this change removes again never appears:"
-        )
-        out.append("")
+            "code they add and this change removes again never appears:",
+            "",
+        ]
         out += [f'- {f.split("-", 1)[0]} "{_title(layout, f)}"' for f in plan.folds]
     if whole:
         out.append("")

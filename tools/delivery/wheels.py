@@ -141,8 +141,7 @@ def _sdk_wheel_sha256(line: pins.Line, version: str) -> str:
 def targets(line: pins.Line, layout: Layout = DEFAULT) -> list[Target]:
     """Every wheel the line's overlay rebuilds: each covered core release, each task-sdk it pins."""
     out: list[Target] = []
-    core = pins.DISTRIBUTION
-    sdk = pins.SUPERVISOR.distribution
+    core, sdk = pins.DISTRIBUTION, pins.SUPERVISOR.distribution
     core_versions = sorted({line.version, *line.covers}, key=version_key)
     releases = [(core, v) for v in core_versions]
     releases += [
