@@ -79,7 +79,6 @@ class BackportPaused(ToolError):
 class RunState(enum.Enum):
     """The saved state of a run; the file is removed when a run finishes or is aborted."""
 
-    BUILDING_SERIES = "building-series"  # applying the series onto main (a temporary worktree)
     PICKING = "picking"  # cherry-picking onto a backport branch; seen at start = interrupted
     PAUSED = "paused"  # stopped on a conflict: --continue, or --abort
     TESTING = "testing"  # running the line's tests against a finished branch

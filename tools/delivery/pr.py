@@ -218,12 +218,10 @@ def pr_body(
     if refs := references(msg):
         parts.append("\n".join(refs))
     parts += sections or []
-    tested = []
     if tests.ran:
-        verdict = "passes" if tests.passed else "FAILS"
-        tested.append(f"- `{tests.command}` {verdict}: {tests.summary}")
+        tested = [f"- `{tests.command}` {'passes' if tests.passed else 'FAILS'}: {tests.summary}"]
     else:
-        tested.append(f"- Not run by the preparation tool: {tests.summary}")
+        tested = [f"- Not run by the preparation tool: {tests.summary}"]
     tested += [f"- {note}" for note in tests.notes]
     if newsfragment:
         tested.append(f"- Newsfragment: `{newsfragment}` (user-visible change)")
@@ -253,14 +251,11 @@ def without_the_fix(run: TestRun, regression: Sequence[str], base: str, line: pi
 
 def standalone_contents(line: pins.Line, base: str, regression: Sequence[str]) -> str:
     tests = ", ".join(f"`{t.rsplit('/', 1)[-1]}`" for t in regression)
-    return "\n".join(
-        [
-            "### What this PR contains",
-            "",
-            f"One commit on `{base}` ({line.version}): the fix and the test that shows the bug "
-            f"({tests}), in the executor's current design. It fixes this one bug only and depends on no "
-            "other change.",
-        ]
+    return (
+        "### What this PR contains\n\n"
+        f"One commit on `{base}` ({line.version}): the fix and the test that shows the bug "
+        f"({tests}), in the executor's current design. It fixes this one bug only and depends on no "
+        "other change."
     )
 
 

@@ -96,21 +96,18 @@ class Finding:
 # -------------------------------------------------------------------- what the PR removes
 
 
-def _module_names(tree: ast.Module) -> dict[str, ast.AST]:
+def module_names(tree: ast.Module) -> dict[str, ast.AST]:
+    """A module's global names (functions, classes, assignments, imports) -> the statement binding each."""
     names: dict[str, ast.AST] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names[node.name] = node
         elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                for sub in ast.walk(target):
-                    if isinstance(sub, ast.Name):
-                        names[sub.id] = node
+            names |= {s.id: node for t in node.targets for s in ast.walk(t) if isinstance(s, ast.Name)}
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names[node.target.id] = node
         elif isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
-                names[(alias.asname or alias.name).split(".")[0]] = node
+            names |= {(alias.asname or alias.name).split(".")[0]: node for alias in node.names}
     return names
 
 
@@ -125,9 +122,7 @@ def _class_names(tree: ast.Module, cls: str) -> dict[str, ast.AST]:
             elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
                 names[item.target.id] = item
             elif isinstance(item, ast.Assign):
-                for target in item.targets:
-                    if isinstance(target, ast.Name):
-                        names[target.id] = item
+                names |= {t.id: item for t in item.targets if isinstance(t, ast.Name)}
         for sub in ast.walk(node):
             targets: list[ast.expr] = []
             if isinstance(sub, ast.Assign):
@@ -156,7 +151,7 @@ def removed_internals(before: str, after: str) -> list[Removed]:
     old, new = ast.parse(before), ast.parse(after)
     out: list[Removed] = []
     for scope, a, b in (
-        ("module", _module_names(old), _module_names(new)),
+        ("module", module_names(old), module_names(new)),
         (EXECUTOR_CLASS, _class_names(old, EXECUTOR_CLASS), _class_names(new, EXECUTOR_CLASS)),
     ):
         added = {n: _body_key(node) for n, node in b.items() if n not in a}

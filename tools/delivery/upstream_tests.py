@@ -220,13 +220,8 @@ def touched_tests(before: str, after: str) -> set[str]:
     changed = {n for n in set(old_defs) | set(new_defs) if old_defs.get(n) != new_defs.get(n)}
     helpers = {n.name: n for n in new.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     # Close over helpers that use a changed helper.
-    grew = True
-    while grew:
-        grew = False
-        for name, node in helpers.items():
-            if name not in changed and _names_used(node) & changed:
-                changed.add(name)
-                grew = True
+    while grown := {n for n, node in helpers.items() if n not in changed and _names_used(node) & changed}:
+        changed |= grown
     out = set(old_tests) ^ set(new_tests)
     for name in set(old_tests) & set(new_tests):
         if ast.dump(old_tests[name]) != ast.dump(new_tests[name]) or _names_used(new_tests[name]) & changed:
