@@ -203,16 +203,9 @@ def cherry_picker_message(repo: Path, source_sha: str, branch: str, origin: str 
     # As cherry_picker: interpret-trailers inserts the Co-authored-by trailer at the start
     # of the trailer block, with the "cherry picked" line abused as a pseudo-trailer before it.
     out = git(
-        "interpret-trailers",
-        "--where",
-        "start",
-        "--trailer",
-        f"Co-authored-by: {author}",
-        "--trailer",
-        info,
-        cwd=repo,
-        input=message,
-    )
+        "interpret-trailers", "--where", "start", "--trailer", f"Co-authored-by: {author}", "--trailer", info,
+        cwd=repo, input=message,
+    )  # fmt: skip
     before, after = out.strip().rsplit(f"\n{info}", 1)
     if not before.endswith("\n"):
         info = f"\n{info}"
@@ -239,7 +232,6 @@ class Backport:
             raise BackportError(f"{self.repo}: {what}; --repo takes {lineform.AIRFLOW_CLONE}")
         self.git_dir = Path(git("rev-parse", "--absolute-git-dir", cwd=self.repo).strip())
         self.state_path = self.git_dir / STATE_FILE
-        self._forms: dict[str, lineform.LineForm] = {}
 
     # ------------------------------------------------------------ helpers
 
@@ -578,9 +570,7 @@ class Backport:
         return pins.get_line(run.line) if run.line else pins.PRIMARY
 
     def form(self, line: pins.Line) -> lineform.LineForm:
-        if line.name not in self._forms:
-            self._forms[line.name] = lineform.line_form(line, self.layout)
-        return self._forms[line.name]
+        return lineform.line_form(line, self.layout)  # the engine applies each line once per process
 
     def origin_line(self, src: SourceCommit) -> str | None:
         """What replaces ``(cherry picked from commit ...)`` for a patch already upstream."""

@@ -498,13 +498,9 @@ class PrPreparer:
         self.g("branch", "--force" if exists else "--no-track", branch, commit)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         body_path = self.out_dir / f"{stem}.md"
+        whole = [p for p, (a, _) in change.items() if a is None and p in start_tree]
         sections = [
-            contents_section(
-                plan,
-                self.layout,
-                stacked,
-                [p for p, (a, _) in change.items() if a is None and p in start_tree],
-            ),
+            contents_section(plan, self.layout, stacked, whole),
             pr_internals.render(removed, found, scanned, REPO_TESTS_DIR),
         ]
         if upstream_note != "absent":
@@ -533,11 +529,7 @@ class PrPreparer:
         target = wt / upstream_tests.REPO_FILE
         if not target.is_file():
             return [], "absent"
-        diffs = [
-            d
-            for d in (upstream_tests.diff_for(self.layout, n) for n in (*plan.folds, plan.patch.name))
-            if d.is_file()
-        ]
+        diffs = upstream_tests.existing_diffs(self.layout, [*plan.folds, plan.patch.name])
         records: list[upstream_tests.Record] = []
         for diff in diffs:
             try:

@@ -121,9 +121,9 @@ def diff_for(layout: Layout, patch_name: str) -> Path:
     return diffs_dir(layout) / (patch_name.removesuffix(".patch") + ".diff")
 
 
-def diffs_upto(layout: Layout, names: Sequence[str], stage: int) -> list[Path]:
-    """The diffs of the first ``stage`` patches of the series, in series order."""
-    return [d for d in (diff_for(layout, n) for n in names[:stage]) if d.is_file()]
+def existing_diffs(layout: Layout, names: Sequence[str]) -> list[Path]:
+    """The diffs of the patches ``names`` that have one, in their order."""
+    return [d for d in (diff_for(layout, n) for n in names) if d.is_file()]
 
 
 # -------------------------------------------------------------------- diffs and their records
@@ -372,7 +372,7 @@ def run_stage(
     line = line or pre_release_line()
     result = engine.apply_line(line)
     sources = result.sources(stage)
-    diffs = diffs_upto(layout, engine.series.names, stage) if with_diffs else []
+    diffs = existing_diffs(layout, engine.series.names[:stage]) if with_diffs else []
     text = apply_diffs(text, diffs)
     python = venvs.ensure(line, layout, upstream_tests=True)
     venvs.install_sources(python, sources)
