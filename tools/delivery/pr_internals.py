@@ -188,16 +188,13 @@ class _Scanner(ast.NodeVisitor):
     def _hit(self, node: ast.AST, name: str, how: str) -> None:
         self.hits.append(Hit(self.path, self._where(), getattr(node, "lineno", 0), name, how))
 
-    def _enter(self, node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        for deco in getattr(node, "decorator_list", []):
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for deco in node.decorator_list:
             self.visit(deco)  # @mock.patch("...") belongs to the test it decorates
         self.scope.append(node.name)
         for child in node.body:
             self.visit(child)
         self.scope.pop()
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self._enter(node)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.scope.append(node.name)
