@@ -182,11 +182,9 @@ class _Scanner(ast.NodeVisitor):
         self.imported: dict[str, str] = {}  # local alias -> removed name, from the executor module
         self.hits: list[Hit] = []
 
-    def _where(self) -> str:
-        return ".".join(self.scope) if self.scope else "(module level)"
-
     def _hit(self, node: ast.AST, name: str, how: str) -> None:
-        self.hits.append(Hit(self.path, self._where(), getattr(node, "lineno", 0), name, how))
+        where = ".".join(self.scope) if self.scope else "(module level)"
+        self.hits.append(Hit(self.path, where, getattr(node, "lineno", 0), name, how))
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         for deco in node.decorator_list:

@@ -117,13 +117,10 @@ def diffs_dir(layout: Layout = DEFAULT) -> Path:
     return layout.patches / DIFFS_DIR
 
 
-def diff_for(layout: Layout, patch_name: str) -> Path:
-    return diffs_dir(layout) / (patch_name.removesuffix(".patch") + ".diff")
-
-
 def existing_diffs(layout: Layout, names: Sequence[str]) -> list[Path]:
     """The diffs of the patches ``names`` that have one, in their order."""
-    return [d for d in (diff_for(layout, n) for n in names) if d.is_file()]
+    diffs = [diffs_dir(layout) / (n.removesuffix(".patch") + ".diff") for n in names]
+    return [d for d in diffs if d.is_file()]
 
 
 # -------------------------------------------------------------------- diffs and their records
@@ -171,12 +168,6 @@ def apply_diff(text: str, diff: Path) -> str:
         return target.read_text()
 
 
-def apply_diffs(text: str, diffs: Sequence[Path]) -> str:
-    for diff in diffs:
-        text = apply_diff(text, diff)
-    return text
-
-
 def _module_defs(tree: ast.Module) -> dict[str, str]:
     """Module-level functions (helpers, fixtures) by name -> their source, decorators included."""
     return {
@@ -205,10 +196,6 @@ def _names_used(node: ast.AST) -> set[str]:
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         used |= {a.arg for a in node.args.args}  # fixtures by parameter name
     return used
-
-
-def test_names(text: str) -> set[str]:
-    return set(test_nodes(ast.parse(text)))
 
 
 def touched_tests(before: str, after: str) -> set[str]:
@@ -273,7 +260,7 @@ def check(
         where = f"patches/{DIFFS_DIR}/{path.name}"
         problems += [f"{where}: changes {t} but has no record of it" for t in sorted(touched - recorded)]
         problems += [f"{where}: records {t}, which it does not change" for t in sorted(recorded - touched)]
-        tests_after = test_names(after)
+        tests_after = set(test_nodes(ast.parse(after)))
         for r in records[path]:
             if "::" in r.covered_by and r.covered_by.split("::", 1)[0].endswith(".py"):
                 continue  # a test of the series' own files (the PR's branch has them)
@@ -373,7 +360,8 @@ def run_stage(
     result = engine.apply_line(line)
     sources = result.sources(stage)
     diffs = existing_diffs(layout, engine.series.names[:stage]) if with_diffs else []
-    text = apply_diffs(text, diffs)
+    for diff in diffs:
+        text = apply_diff(text, diff)
     python = venvs.ensure(line, layout, upstream_tests=True)
     venvs.install_sources(python, sources)
     return run_text(text, python, start_method=start_method, layout=layout, extra=extra), diffs
