@@ -79,7 +79,6 @@ class BackportPaused(ToolError):
 class RunState(enum.Enum):
     """The saved state of a run; the file is removed when a run finishes or is aborted."""
 
-    BUILDING_SERIES = "building-series"  # applying the series onto main (a temporary worktree)
     PICKING = "picking"  # cherry-picking onto a backport branch; seen at start = interrupted
     PAUSED = "paused"  # stopped on a conflict: --continue, or --abort
     TESTING = "testing"  # running the line's tests against a finished branch
@@ -149,7 +148,7 @@ class State:
 
     @property
     def current(self) -> BranchRun | None:
-        return next((b for b in self.branches if not BranchStatus(b.status).finished), None)
+        return next(iter(self.remaining), None)
 
     @property
     def remaining(self) -> list[BranchRun]:
@@ -172,18 +171,8 @@ def read_series(layout: Layout) -> list[Path]:
     return [layout.patches / name for name in names]
 
 
-def base_line(base: str) -> pins.Line:
-    """The pinned line of the branch the series is applied onto (``main``: the pre-release line)."""
-    return lineform.line_of_branch(base) or lineform.line_of_branch("main") or pins.PRIMARY
-
-
-def patch_message(patch: Patch) -> str:
-    """The commit message ``git am`` makes of a patch mail (DEP-3 block included)."""
-    return f"{patch.subject}\n\n{patch.message}".strip() + "\n"
-
-
 def source_commit(patch: Patch, index: int) -> SourceCommit:
-    msg = commitmsg.parse(patch_message(patch))
+    msg = commitmsg.parse(lineform.patch_message(patch))
     commit = (msg.get("upstream-commit") or "").strip()
     if commit and not re.fullmatch(r"[0-9a-f]{40}", commit):
         raise BackportError(
@@ -196,8 +185,7 @@ def source_commit(patch: Patch, index: int) -> SourceCommit:
 
 def _first_line(exc: GitError) -> str:
     text = (exc.stdout + exc.stderr).strip().splitlines()
-    where = [ln.strip() for ln in text if ln.startswith(("CONFLICT", "error: "))]
-    return where[0] if where else (text[-1] if text else str(exc))
+    return lineform.conflict_line(exc) or (text[-1] if text else str(exc))
 
 
 def cherry_picker_message(repo: Path, source_sha: str, branch: str, origin: str | None = None) -> str:
@@ -215,16 +203,9 @@ def cherry_picker_message(repo: Path, source_sha: str, branch: str, origin: str 
     # As cherry_picker: interpret-trailers inserts the Co-authored-by trailer at the start
     # of the trailer block, with the "cherry picked" line abused as a pseudo-trailer before it.
     out = git(
-        "interpret-trailers",
-        "--where",
-        "start",
-        "--trailer",
-        f"Co-authored-by: {author}",
-        "--trailer",
-        info,
-        cwd=repo,
-        input=message,
-    )
+        "interpret-trailers", "--where", "start", "--trailer", f"Co-authored-by: {author}", "--trailer", info,
+        cwd=repo, input=message,
+    )  # fmt: skip
     before, after = out.strip().rsplit(f"\n{info}", 1)
     if not before.endswith("\n"):
         info = f"\n{info}"
@@ -251,7 +232,6 @@ class Backport:
             raise BackportError(f"{self.repo}: {what}; --repo takes {lineform.AIRFLOW_CLONE}")
         self.git_dir = Path(git("rev-parse", "--absolute-git-dir", cwd=self.repo).strip())
         self.state_path = self.git_dir / STATE_FILE
-        self._forms: dict[str, lineform.LineForm] = {}
 
     # ------------------------------------------------------------ helpers
 
@@ -267,9 +247,7 @@ class Backport:
 
     def resolve_branch(self, name: str) -> str:
         """A branch, a remote-tracking one (upstream/, origin/), or a pinned line name like 3.2."""
-        for line in pins.LINES:
-            if name == line.name:
-                name = line.branch
+        name = self.branch_name(name)
         for ref in (f"refs/heads/{name}", f"refs/remotes/upstream/{name}", f"refs/remotes/origin/{name}"):
             if sha := self.rev(ref):
                 return sha
@@ -336,56 +314,50 @@ class Backport:
         picked 3-way, so a recorded resolution of the line is what lands); a patch the engine
         reports ``upstream`` there gets no commit."""
         patches = read_series(self.layout)
-        line = base_line(base_name)
+        line = lineform.base_line(base_name)
         form = lineform.line_form(line, self.layout)
         source: list[SourceCommit] = []
-        with tempfile.TemporaryDirectory(prefix="lepatch-series-") as tmp:
-            wt = Path(tmp) / "wt"
-            self.g("worktree", "add", "--detach", str(wt), base_sha)
-            try:
-                for k, path in enumerate(patches, 1):
-                    patch = read_patch(path)
-                    src = source_commit(patch, k)
-                    if form.has_stage(k) and form.is_upstream(k):
-                        src.upstream = line.version
-                        source.append(src)
-                        continue
-                    if not form.has_stage(k):
-                        raise BackportError(
-                            f"{path}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
-                            f"backport: {form.details[k - 1] or 'an earlier patch failed'} "
-                            f"(python -m tools apply --line {line.name})"
-                        )
-                    msg = commitmsg.parse(patch_message(patch))
-                    head = git("rev-parse", "HEAD", cwd=wt).strip()
-                    change = lineform.self_contained(
-                        form.change(k - 1, k), form.stage(k),
-                        functools.partial(lineform.has_path, self.repo, head), REPO_TESTS_DIR,
-                    )  # fmt: skip
-                    carrier = lineform.overlay_commit(
-                        self.repo, head, change, msg.upstream_message(),
-                        author=patch.author, date=patch.date,
-                    )  # fmt: skip
-                    try:
-                        git("cherry-pick", "--allow-empty", carrier, cwd=wt)
-                    except GitError as exc:
-                        git("cherry-pick", "--abort", cwd=wt, check=False)
-                        raise BackportError(
-                            f"{path}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
-                            f"backport, as the {line.name} line has it: {_first_line(exc)}"
-                        ) from exc
-                    date = git("log", "-1", "--format=%aI", cwd=wt).strip()
-                    # Committer date = author date: the same series on the same base gives the same ids.
-                    git(
-                        "commit", "--amend", "--quiet", "--no-verify", "--allow-empty", "-m",
-                        msg.upstream_message(), cwd=wt, env={"GIT_COMMITTER_DATE": date},
-                    )  # fmt: skip
-                    src.sha = git("rev-parse", "HEAD", cwd=wt).strip()
+        with lineform.temp_worktree(self.repo, base_sha, "lepatch-series-") as wt:
+            for k, path in enumerate(patches, 1):
+                patch = read_patch(path)
+                src = source_commit(patch, k)
+                if form.has_stage(k) and form.is_upstream(k):
+                    src.upstream = line.version
                     source.append(src)
-                tip = git("rev-parse", "HEAD", cwd=wt).strip()
-            finally:
-                self.g("worktree", "remove", "--force", str(wt), check=False)
-                self.g("worktree", "prune", check=False)
+                    continue
+                if not form.has_stage(k):
+                    raise BackportError(
+                        f"{path}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
+                        f"backport: {form.details[k - 1] or 'an earlier patch failed'} "
+                        f"(python -m tools apply --line {line.name})"
+                    )
+                msg = commitmsg.parse(lineform.patch_message(patch))
+                head = git("rev-parse", "HEAD", cwd=wt).strip()
+                change = lineform.self_contained(
+                    form.change(k - 1, k), form.stage(k),
+                    functools.partial(lineform.has_path, self.repo, head), REPO_TESTS_DIR,
+                )  # fmt: skip
+                carrier = lineform.overlay_commit(
+                    self.repo, head, change, msg.upstream_message(),
+                    author=patch.author, date=patch.date,
+                )  # fmt: skip
+                try:
+                    git("cherry-pick", "--allow-empty", carrier, cwd=wt)
+                except GitError as exc:
+                    git("cherry-pick", "--abort", cwd=wt, check=False)
+                    raise BackportError(
+                        f"{path}: does not apply to {base_name} ({base_sha[:10]}), the source of the "
+                        f"backport, as the {line.name} line has it: {_first_line(exc)}"
+                    ) from exc
+                date = git("log", "-1", "--format=%aI", cwd=wt).strip()
+                # Committer date = author date: the same series on the same base gives the same ids.
+                git(
+                    "commit", "--amend", "--quiet", "--no-verify", "--allow-empty", "-m",
+                    msg.upstream_message(), cwd=wt, env={"GIT_COMMITTER_DATE": date},
+                )  # fmt: skip
+                src.sha = git("rev-parse", "HEAD", cwd=wt).strip()
+                source.append(src)
+            tip = git("rev-parse", "HEAD", cwd=wt).strip()
         if tip == base_sha:
             return source, False  # every patch is upstream: no series branch to make
         existing = self.rev(f"refs/heads/{series_branch}")
@@ -462,7 +434,7 @@ class Backport:
             test=test,
             patches=str(self.layout.patches),
             base_sha=base_sha,
-            base_line=base_line(base).name,
+            base_line=lineform.base_line(base).name,
         )
         self.save(st)
         ups = [s.patch.split("-", 1)[0] for s in source if s.upstream]
@@ -559,13 +531,11 @@ class Backport:
             "",
             f"  {'branch':<14} {'backport branch':<34} {'status':<13} patches",
         ]
-        for b in st.branches:
-            rows.append(
-                f"  {b.branch:<14} {b.backport_branch:<34} {b.status:<13} {b.next_patch}/{len(st.source)}"
-            )
-        remaining = st.remaining
-        rows.append("")
-        rows.append(f"remaining: {', '.join(b.branch for b in remaining) or 'none'}")
+        rows += [
+            f"  {b.branch:<14} {b.backport_branch:<34} {b.status:<13} {b.next_patch}/{len(st.source)}"
+            for b in st.branches
+        ]
+        rows += ["", f"remaining: {', '.join(b.branch for b in st.remaining) or 'none'}"]
         if (run := st.current) and run.next_patch < len(st.source):
             rows.append(f"next: {st.source[run.next_patch].patch} onto {run.branch}")
         if files := self.unmerged():
@@ -600,9 +570,7 @@ class Backport:
         return pins.get_line(run.line) if run.line else pins.PRIMARY
 
     def form(self, line: pins.Line) -> lineform.LineForm:
-        if line.name not in self._forms:
-            self._forms[line.name] = lineform.line_form(line, self.layout)
-        return self._forms[line.name]
+        return lineform.line_form(line, self.layout)  # the engine applies each line once per process
 
     def origin_line(self, src: SourceCommit) -> str | None:
         """What replaces ``(cherry picked from commit ...)`` for a patch already upstream."""
@@ -631,7 +599,7 @@ class Backport:
                     f"python -m tools apply --line {form.line.name}"
                 )
         patch = read_patch(self.layout.patches / src.patch)
-        msg = commitmsg.parse(patch_message(patch))
+        msg = commitmsg.parse(lineform.patch_message(patch))
         head = self.rev("HEAD") or ""
         sha = lineform.overlay_commit(
             self.repo,

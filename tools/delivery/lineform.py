@@ -19,10 +19,11 @@ a commit that ``git cherry-pick`` can merge onto any branch (3-way, conflicts an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from tools.engine import apply as engine_mod
 from tools.engine.series import Patch
 from tools.shared import pins
 from tools.shared.errors import ToolError
-from tools.shared.gitcmd import git
+from tools.shared.gitcmd import GitError, git
 from tools.shared.layout import DEFAULT, Layout
 from tools.shared.pins import Line
 
@@ -41,11 +42,6 @@ Tree = dict[str, bytes]
 Change = dict[str, tuple[bytes | None, bytes | None]]
 
 
-def make_engine(layout: Layout = DEFAULT, base: Callable[[Line], bytes] | None = None) -> engine_mod.Engine:
-    """An engine for ``layout`` (tests pass the bases of a synthetic series)."""
-    return engine_mod.Engine(layout, base=base)
-
-
 _ENGINES: dict[Path, engine_mod.Engine] = {}
 
 
@@ -53,10 +49,7 @@ def engine_for(layout: Layout) -> engine_mod.Engine:
     """One engine per patches directory and process (the default layout shares the engine's own)."""
     key = layout.patches.resolve()
     if key not in _ENGINES:
-        if layout == DEFAULT:
-            _ENGINES[key] = engine_mod.default_engine()
-        else:
-            _ENGINES[key] = make_engine(layout)
+        _ENGINES[key] = engine_mod.default_engine() if layout == DEFAULT else engine_mod.Engine(layout)
     return _ENGINES[key]
 
 
@@ -100,21 +93,10 @@ class LineForm:
         a, b = self.stage(start), self.stage(end)
         return {p: (a.get(p), b.get(p)) for p in sorted(set(a) | set(b)) if a.get(p) != b.get(p)}
 
-    def last_upstream_before(self, k: int) -> int:
-        """The last stage before ``k`` reached only through upstream patches (0 if none)."""
-        last = 0
-        for i in range(1, k):
-            if not self.is_upstream(i):
-                break
-            last = i
-        return last
 
-
-def line_form(
-    line: Line | str, layout: Layout = DEFAULT, engine: engine_mod.Engine | None = None
-) -> LineForm:
+def line_form(line: Line | str, layout: Layout = DEFAULT) -> LineForm:
     """Apply the series of ``layout`` to ``line`` (the engine's result, computed once)."""
-    engine = engine or engine_for(layout)
+    engine = engine_for(layout)
     result = engine.apply_line(line)
     series = engine.series
     return LineForm(
@@ -130,6 +112,16 @@ def line_form(
 def line_of_branch(branch: str) -> Line | None:
     """The pinned line whose upstream branch this is (``main`` is the pre-release line)."""
     return next((ln for ln in pins.LINES if ln.branch == branch), None)
+
+
+def base_line(base: str) -> Line:
+    """The pinned line of the branch the series is applied onto (``main``: the pre-release line)."""
+    return line_of_branch(base) or line_of_branch("main") or pins.PRIMARY
+
+
+def patch_message(patch: Patch) -> str:
+    """The commit message ``git am`` makes of a patch mail (DEP-3 block included)."""
+    return f"{patch.subject}\n\n{patch.message}".strip() + "\n"
 
 
 # -------------------------------------------------------------------- git plumbing
@@ -164,15 +156,7 @@ def ident_env(author: str, date: str) -> dict[str, str]:
     }
 
 
-def overlay_commit(
-    repo: Path,
-    onto: str,
-    change: Change,
-    message: str,
-    *,
-    author: str,
-    date: str,
-) -> str:
+def overlay_commit(repo: Path, onto: str, change: Change, message: str, *, author: str, date: str) -> str:
     """A commit whose parent has the ``before`` side of ``change`` over ``onto``'s tree and whose
     own tree has the ``after`` side: cherry-picking it merges the change onto any branch.
 
@@ -187,6 +171,25 @@ def overlay_commit(
     return git(
         "commit-tree", after, "-p", parent.strip(), "-F", "-", cwd=repo, env=env, input=message
     ).strip()
+
+
+@contextlib.contextmanager
+def temp_worktree(repo: Path, commit: str, prefix: str) -> Iterator[Path]:
+    """A detached worktree of ``repo`` at ``commit`` in a temporary directory, removed after."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        wt = Path(tmp) / "wt"
+        git("worktree", "add", "--detach", str(wt), commit, cwd=repo)
+        try:
+            yield wt
+        finally:
+            git("worktree", "remove", "--force", str(wt), cwd=repo, check=False)
+            git("worktree", "prune", cwd=repo, check=False)
+
+
+def conflict_line(exc: GitError) -> str | None:
+    """The first ``CONFLICT`` or ``error:`` line git printed, if any."""
+    text = (exc.stdout + exc.stderr).splitlines()
+    return next((ln.strip() for ln in text if ln.startswith(("CONFLICT", "error: "))), None)
 
 
 def has_path(repo: Path, commit: str, path: str) -> bool:

@@ -17,8 +17,7 @@ def fragment_types(layout: Layout = DEFAULT) -> list[str]:
     types = []
     for block in re.split(r"^\[\[tool\.towncrier\.type\]\]\s*$", text, flags=re.M)[1:]:
         block = re.split(r"^\[", block, maxsplit=1, flags=re.M)[0]
-        m = re.search(r'^directory\s*=\s*"([^"]+)"', block, re.M)
-        if m:
+        if m := re.search(r'^directory\s*=\s*"([^"]+)"', block, re.M):
             types.append(m.group(1))
     return types
 

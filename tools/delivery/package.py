@@ -47,6 +47,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tools.delivery import pr_internals
 from tools.engine import fetch, series
 from tools.shared import pins
 from tools.shared.errors import ToolError
@@ -175,9 +176,8 @@ def strip_insertions(packaged: str) -> str:
 
 
 def _class(tree: ast.Module, name: str) -> ast.ClassDef:
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return node
+    if found := next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None):
+        return found
     raise PackageError(f"supervisor.py has no class {name}")
 
 
@@ -245,24 +245,11 @@ def _free_names(source: str) -> set[str]:
     return loads - bound - set(dir(builtins))
 
 
-def _module_globals(text: str) -> set[str]:
-    out: set[str] = set()
-    for node in ast.parse(text).body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-    return out
-
-
 def supervisor_source(line: pins.Line, base: str, overlay: str, overlay_rel: str) -> str:
     """``_supervisor.py``: the subclass carrying the changed methods, verbatim, and install()."""
     changed = changed_methods(base, overlay)
     names = set().union(*(_free_names(src) for src in changed.values()))
-    missing = names - _module_globals(overlay)
+    missing = names - set(pr_internals.module_names(ast.parse(overlay)))
     if missing:
         raise PackageError(f"supervisor.py: the changed methods read {sorted(missing)}, not module globals")
     imports = ", ".join(sorted(names | {"ActivitySubprocess"}))

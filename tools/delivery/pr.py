@@ -42,7 +42,6 @@ import argparse
 import re
 import shlex
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,12 +178,12 @@ def contents_section(plan: Plan, layout: Layout, stacked: str | None, whole: Seq
     else:
         out.append(f"One commit: the series' change on {line} from stage {plan.start} to stage {plan.end}.")
     if plan.folds:
-        out.append("")
-        out.append(
+        out += [
+            "",
             "It folds in the earlier patches of the series that were never proposed on their own, so "
-            "code they add and this change removes again never appears:"
-        )
-        out.append("")
+            "code they add and this change removes again never appears:",
+            "",
+        ]
         out += [f'- {f.split("-", 1)[0]} "{_title(layout, f)}"' for f in plan.folds]
     if whole:
         out.append("")
@@ -219,12 +218,10 @@ def pr_body(
     if refs := references(msg):
         parts.append("\n".join(refs))
     parts += sections or []
-    tested = []
     if tests.ran:
-        verdict = "passes" if tests.passed else "FAILS"
-        tested.append(f"- `{tests.command}` {verdict}: {tests.summary}")
+        tested = [f"- `{tests.command}` {'passes' if tests.passed else 'FAILS'}: {tests.summary}"]
     else:
-        tested.append(f"- Not run by the preparation tool: {tests.summary}")
+        tested = [f"- Not run by the preparation tool: {tests.summary}"]
     tested += [f"- {note}" for note in tests.notes]
     if newsfragment:
         tested.append(f"- Newsfragment: `{newsfragment}` (user-visible change)")
@@ -254,14 +251,11 @@ def without_the_fix(run: TestRun, regression: Sequence[str], base: str, line: pi
 
 def standalone_contents(line: pins.Line, base: str, regression: Sequence[str]) -> str:
     tests = ", ".join(f"`{t.rsplit('/', 1)[-1]}`" for t in regression)
-    return "\n".join(
-        [
-            "### What this PR contains",
-            "",
-            f"One commit on `{base}` ({line.version}): the fix and the test that shows the bug "
-            f"({tests}), in the executor's current design. It fixes this one bug only and depends on no "
-            "other change.",
-        ]
+    return (
+        "### What this PR contains\n\n"
+        f"One commit on `{base}` ({line.version}): the fix and the test that shows the bug "
+        f"({tests}), in the executor's current design. It fixes this one bug only and depends on no "
+        "other change."
     )
 
 
@@ -304,21 +298,13 @@ class PrPreparer:
 
     def find_patch(self, name: str) -> Path:
         """A patch of the series by file name, stem or number (``3``, ``0003``)."""
-        series = read_series_names(self.layout.series_file)
-        wanted = Path(name).name
-        for entry in series:
-            stem = entry.removesuffix(".patch")
-            number = stem.split("-", 1)[0]
-            if wanted in (entry, stem) or (
-                wanted.isdigit() and number.isdigit() and int(wanted) == int(number)
-            ):
-                return self.layout.patches / entry
+        if entry := upstream_prs.match(read_series_names(self.layout.series_file), name):
+            return self.layout.patches / entry
         raise PrError(f"{self.layout.series_file}: no patch {name!r} in the series")
 
     def resolve(self, ref: str) -> str:
         for candidate in (f"refs/heads/{ref}", f"refs/remotes/upstream/{ref}", f"refs/remotes/origin/{ref}"):
-            sha = self.g("rev-parse", "--verify", "--quiet", f"{candidate}^{{commit}}", check=False).strip()
-            if sha:
+            if sha := self.rev(candidate):
                 return sha
         raise PrError(
             f"{self.repo}: no branch {ref!r} (looked in local, upstream/ and origin/); "
@@ -341,7 +327,7 @@ class PrPreparer:
 
     def plan(self, patch: Path) -> Plan:
         """The stages the PR spans on the base's line, from the patch's PR-Folds / PR-Stack-On."""
-        line = lineform.line_of_branch(self.base) or lineform.line_of_branch("main") or pins.PRIMARY
+        line = lineform.base_line(self.base)
         form = lineform.line_form(line, self.layout)
         k = form.index(patch.name)
         if form.has_stage(k) and form.is_upstream(k):
@@ -418,14 +404,8 @@ class PrPreparer:
             base_sha = self.rev(f"refs/heads/{stacked}")
         else:
             base_sha = self.resolve(self.base)
-        with tempfile.TemporaryDirectory(prefix="lepatch-pr-") as tmp:
-            wt = Path(tmp) / "wt"
-            self.g("worktree", "add", "--detach", str(wt), base_sha)
-            try:
-                return self._prepare_in(wt, plan, stem, branch, base_sha, exists, run_tests, stacked)
-            finally:
-                self.g("worktree", "remove", "--force", str(wt), check=False)
-                self.g("worktree", "prune", check=False)
+        with lineform.temp_worktree(self.repo, base_sha, "lepatch-pr-") as wt:
+            return self._prepare_in(wt, plan, stem, branch, base_sha, exists, run_tests, stacked)
 
     def _prepare_in(
         self,
@@ -465,22 +445,12 @@ class PrPreparer:
                     tests_dir,
                 )
         carrier = lineform.overlay_commit(
-            self.repo,
-            base_sha,
-            change,
-            message,
-            author=header.author,
-            date=header.date,
+            self.repo, base_sha, change, message, author=header.author, date=header.date
         )
         try:
             git("cherry-pick", "--allow-empty", carrier, cwd=wt)
         except GitError as exc:
             git("cherry-pick", "--abort", cwd=wt, check=False)
-            where = [
-                ln.strip()
-                for ln in (exc.stdout + exc.stderr).splitlines()
-                if ln.startswith(("CONFLICT", "error: "))
-            ]
             pending = [n for n in form.names[: plan.start] if n not in plan.upstream]
             hint = (
                 f"; it builds on {', '.join(n.split('-', 1)[0] for n in pending)} of the series, not "
@@ -492,7 +462,7 @@ class PrPreparer:
             onto = stacked or self.base
             raise PrError(
                 f"{patch}: does not apply to {onto} ({base_sha[:10]}) even with 3-way merge: "
-                f"{where[0] if where else last_line(exc.stderr)}{hint}"
+                f"{lineform.conflict_line(exc) or last_line(exc.stderr)}{hint}"
             ) from exc
         newsfragment = None
         if msg.significant:
@@ -528,13 +498,9 @@ class PrPreparer:
         self.g("branch", "--force" if exists else "--no-track", branch, commit)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         body_path = self.out_dir / f"{stem}.md"
+        whole = [p for p, (a, _) in change.items() if a is None and p in start_tree]
         sections = [
-            contents_section(
-                plan,
-                self.layout,
-                stacked,
-                [p for p, (a, _) in change.items() if a is None and p in start_tree],
-            ),
+            contents_section(plan, self.layout, stacked, whole),
             pr_internals.render(removed, found, scanned, REPO_TESTS_DIR),
         ]
         if upstream_note != "absent":
@@ -548,20 +514,9 @@ class PrPreparer:
         )
         body_path.write_text(pr_body(msg, tests, generated_by, newsfragment, sections, verified))
         result = Prepared(
-            patch,
-            branch,
-            commit,
-            msg.title,
-            body_path,
-            tests,
-            newsfragment,
-            plan,
-            found,
-            removed,
-            stacked,
-            records,
-            outcome,
-        )
+            patch, branch, commit, msg.title, body_path, tests, newsfragment, plan, found, removed, stacked,
+            records, outcome,
+        )  # fmt: skip
         self.report(result, generated_by)
         return result
 
@@ -574,11 +529,7 @@ class PrPreparer:
         target = wt / upstream_tests.REPO_FILE
         if not target.is_file():
             return [], "absent"
-        diffs = [
-            d
-            for d in (upstream_tests.diff_for(self.layout, n) for n in (*plan.folds, plan.patch.name))
-            if d.is_file()
-        ]
+        diffs = upstream_tests.existing_diffs(self.layout, [*plan.folds, plan.patch.name])
         records: list[upstream_tests.Record] = []
         for diff in diffs:
             try:
@@ -668,7 +619,7 @@ class PrPreparer:
             and f != upstream_tests.REPO_FILE  # run whole, with its stand-ins: run_upstream_file()
         ]
 
-    def run_tests(self, wt: Path, commit: str, line: pins.Line = pins.PRIMARY) -> TestRun:
+    def run_tests(self, wt: Path, commit: str, line: pins.Line) -> TestRun:
         """The PR's test files, in the line's venv with the branch's executor installed."""
         return run_test_files(wt, self.test_files(wt, commit), line, self.python)
 
@@ -693,19 +644,13 @@ class PrPreparer:
         exists = self.free_branch(branch, force)
         base_sha = self.resolve(self.base)
         line = lineform.line_of_branch(self.base) or upstream_prs.line()
-        with tempfile.TemporaryDirectory(prefix="lepatch-pr-") as tmp:
-            wt = Path(tmp) / "wt"
-            self.g("worktree", "add", "--detach", str(wt), base_sha)
-            try:
-                return self._standalone_in(wt, patch, line, branch, base_sha, exists, run_tests)
-            finally:
-                self.g("worktree", "remove", "--force", str(wt), check=False)
-                self.g("worktree", "prune", check=False)
+        with lineform.temp_worktree(self.repo, base_sha, "lepatch-pr-") as wt:
+            return self._standalone_in(wt, patch, line, branch, base_sha, exists, run_tests)
 
     def _message(self, header: Patch) -> tuple[commitmsg.Message, str, str | None]:
         """The patch's message parsed, the PR commit's message made of it, and its Generated-by:
         this run's, else the patch's own trailer."""
-        original = f"{header.subject}\n\n{header.message}".strip() + "\n"
+        original = lineform.patch_message(header)
         msg = commitmsg.parse(original)
         generated_by = self.generated_by
         if not generated_by and (m := re.search(r"^Generated-by:\s*(.+)$", original, flags=re.M)):
@@ -739,7 +684,7 @@ class PrPreparer:
             # Without the fix first: its tests on the base's executor, where each Regression-Test must fail.
             (wt / pins.REPO_PATH).write_bytes(before)
             try:
-                unfixed = run_test_files(wt, self.test_files(wt, commit), line, self.python)
+                unfixed = self.run_tests(wt, commit, line)
             finally:
                 (wt / pins.REPO_PATH).write_bytes(after)
             tests = self.run_tests(wt, commit, line)

@@ -43,12 +43,10 @@ def verify_rows(data: dict[str, Any], patches: Sequence[str]) -> list[str]:
             short = fixed.split("-", 1)[0]
             if fixed in series and t.get("introduced_by_stage"):
                 short = f"{int(t['introduced_by_stage']):04d}>{short}"
-            cells = []
-            for s in stages:
-                cell = t.get("cells", {}).get(s, {})
-                cells.append(
-                    LABELS.get(str(cell.get("outcome")), "?") + ("!" if cell.get("unexpected") else "")
-                )
+            cells = [
+                LABELS.get(str(cell.get("outcome")), "?") + ("!" if cell.get("unexpected") else "")
+                for cell in (t.get("cells", {}).get(s, {}) for s in stages)
+            ]
             rows.append([nodeid.removeprefix("tests/executor/"), short, *cells])
         out += [*table.render(rows, widths=[10, 8, *(5 for _ in stages)], strip=False), ""]
     return out[:-1] if out else out

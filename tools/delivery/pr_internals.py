@@ -26,6 +26,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from tools.delivery import upstream_tests
+
 EXECUTOR_CLASS = "LocalExecutor"
 EXECUTOR_MODULE = "airflow.executors.local_executor"
 TESTS_ROOT = "airflow-core/tests/"
@@ -94,21 +96,18 @@ class Finding:
 # -------------------------------------------------------------------- what the PR removes
 
 
-def _module_names(tree: ast.Module) -> dict[str, ast.AST]:
+def module_names(tree: ast.Module) -> dict[str, ast.AST]:
+    """A module's global names (functions, classes, assignments, imports) -> the statement binding each."""
     names: dict[str, ast.AST] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names[node.name] = node
         elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                for sub in ast.walk(target):
-                    if isinstance(sub, ast.Name):
-                        names[sub.id] = node
+            names |= {s.id: node for t in node.targets for s in ast.walk(t) if isinstance(s, ast.Name)}
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names[node.target.id] = node
         elif isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
-                names[(alias.asname or alias.name).split(".")[0]] = node
+            names |= {(alias.asname or alias.name).split(".")[0]: node for alias in node.names}
     return names
 
 
@@ -123,9 +122,7 @@ def _class_names(tree: ast.Module, cls: str) -> dict[str, ast.AST]:
             elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
                 names[item.target.id] = item
             elif isinstance(item, ast.Assign):
-                for target in item.targets:
-                    if isinstance(target, ast.Name):
-                        names[target.id] = item
+                names |= {t.id: item for t in item.targets if isinstance(t, ast.Name)}
         for sub in ast.walk(node):
             targets: list[ast.expr] = []
             if isinstance(sub, ast.Assign):
@@ -154,7 +151,7 @@ def removed_internals(before: str, after: str) -> list[Removed]:
     old, new = ast.parse(before), ast.parse(after)
     out: list[Removed] = []
     for scope, a, b in (
-        ("module", _module_names(old), _module_names(new)),
+        ("module", module_names(old), module_names(new)),
         (EXECUTOR_CLASS, _class_names(old, EXECUTOR_CLASS), _class_names(new, EXECUTOR_CLASS)),
     ):
         added = {n: _body_key(node) for n, node in b.items() if n not in a}
@@ -185,39 +182,29 @@ class _Scanner(ast.NodeVisitor):
         self.imported: dict[str, str] = {}  # local alias -> removed name, from the executor module
         self.hits: list[Hit] = []
 
-    def _where(self) -> str:
-        return ".".join(self.scope) if self.scope else "(module level)"
-
     def _hit(self, node: ast.AST, name: str, how: str) -> None:
-        self.hits.append(Hit(self.path, self._where(), getattr(node, "lineno", 0), name, how))
+        where = ".".join(self.scope) if self.scope else "(module level)"
+        self.hits.append(Hit(self.path, where, getattr(node, "lineno", 0), name, how))
 
-    def _enter(self, node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        for deco in getattr(node, "decorator_list", []):
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for deco in node.decorator_list:
             self.visit(deco)  # @mock.patch("...") belongs to the test it decorates
         self.scope.append(node.name)
         for child in node.body:
             self.visit(child)
         self.scope.pop()
 
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self._enter(node)
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.scope.append(node.name)
         for deco in node.decorator_list:
             self.visit(deco)
-        self.visit(node.args)
+        if isinstance(node, ast.FunctionDef):  # an async def's arguments are not scanned
+            self.visit(node.args)
         for child in node.body:
             self.visit(child)
         self.scope.pop()
 
-    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
-        self.scope.append(node.name)
-        for deco in node.decorator_list:
-            self.visit(deco)
-        for child in node.body:
-            self.visit(child)
-        self.scope.pop()
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.module == EXECUTOR_MODULE:
@@ -276,15 +263,7 @@ def test_functions(files: Mapping[str, bytes]) -> set[str]:
             tree = ast.parse(data.decode("utf-8", "replace"))
         except SyntaxError:
             continue
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
-                found.add(f"{base}::{node.name}")
-            elif isinstance(node, ast.ClassDef):
-                for item in node.body:
-                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name.startswith(
-                        "test"
-                    ):
-                        found.add(f"{base}::{node.name}::{item.name}")
+        found |= {f"{base}::{name}" for name in upstream_tests.test_nodes(tree)}
     return found
 
 
@@ -295,11 +274,10 @@ def findings(
     equivalents: Mapping[str, tuple[str, ...]] = EQUIVALENTS,
 ) -> list[Finding]:
     by_name = {r.name: r for r in removed}
-    out = []
-    for hit in hits:
-        ours = [t for t in equivalents.get(hit.name, ()) if t in our_tests]
-        out.append(Finding(hit, by_name[hit.name], ours))
-    return out
+    return [
+        Finding(hit, by_name[hit.name], [t for t in equivalents.get(hit.name, ()) if t in our_tests])
+        for hit in hits
+    ]
 
 
 def render(removed: list[Removed], found: list[Finding], scanned: int, our_dir: str) -> str:

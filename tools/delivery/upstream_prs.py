@@ -56,14 +56,21 @@ def names(layout: Layout = DEFAULT) -> list[str]:
     return read_series_names(listed) if listed.is_file() else []
 
 
-def find(layout: Layout, wanted: str) -> Path:
-    """A standalone PR by file name, stem or number (``2``, ``0002``)."""
+def match(entries: Sequence[str], wanted: str) -> str | None:
+    """The entry ``wanted`` names by file name, stem or number (``2``, ``0002``), if any."""
     want = Path(wanted).name
-    for entry in names(layout):
+    for entry in entries:
         stem = entry.removesuffix(".patch")
         number = stem.split("-", 1)[0]
         if want in (entry, stem) or (want.isdigit() and number.isdigit() and int(want) == int(number)):
-            return layout.upstream_prs / entry
+            return entry
+    return None
+
+
+def find(layout: Layout, wanted: str) -> Path:
+    """A standalone PR by file name, stem or number (``2``, ``0002``)."""
+    if entry := match(names(layout), wanted):
+        return layout.upstream_prs / entry
     raise UpstreamPrError(f"{layout.rel(layout.upstream_prs / LIST_NAME)}: no standalone PR {wanted!r}")
 
 
@@ -107,10 +114,9 @@ def lint(layout: Layout = DEFAULT) -> list[str]:
     return errors
 
 
-def apply_to(patch_path: Path, base: bytes, label: str | None = None) -> dict[str, bytes]:
+def apply_to(patch_path: Path, base: bytes) -> dict[str, bytes]:
     """The files the patch leaves on a tree holding only ``base`` as the executor; strict, no fuzz.
-
-    ``label`` names ``base`` in the error (default: the pinned base's version)."""
+    An error names the pinned base's version."""
     patch = read_patch(patch_path)
     with tempfile.TemporaryDirectory(prefix="lepatch-upstream-pr-") as tmp:
         root = Path(tmp)
@@ -123,7 +129,7 @@ def apply_to(patch_path: Path, base: bytes, label: str | None = None) -> dict[st
             from tools.engine.apply import describe_apply_error
 
             reason = describe_apply_error(patch, exc.stderr)
-            onto = f"{pins.REPO_PATH} of {label or line().version}"
+            onto = f"{pins.REPO_PATH} of {line().version}"
             raise UpstreamPrError(f"{patch_path.name}: does not apply to {onto}: {reason}", reason) from exc
         return {p: (root / p).read_bytes() for p in patch.touched if (root / p).is_file()}
 
@@ -205,10 +211,10 @@ def _cell(run: TestRun | None) -> str:
 
 def render(results: Sequence[Checked], version: str) -> str:
     rows = [("standalone PR", "applies", f"{version} unpatched", "with the patch", "")]
-    for r in results:
-        rows.append(
-            (r.name.removesuffix(".patch"), r.applies, _cell(r.base), _cell(r.fixed), "ok" if r.ok else "!")
-        )
+    rows += [
+        (r.name.removesuffix(".patch"), r.applies, _cell(r.base), _cell(r.fixed), "ok" if r.ok else "!")
+        for r in results
+    ]
     lines = table.render(rows)
     for r in results:
         base_failed = r.base.failed if r.base else []

@@ -102,9 +102,8 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
 
 def line_of(sdk_version: str) -> pins.Line:
     """The line whose overlay has a supervisor for task-sdk ``sdk_version``."""
-    for line in pins.LINES:
-        if sdk_version in line.sdk_versions:
-            return line
+    if found := next((line for line in pins.LINES if sdk_version in line.sdk_versions), None):
+        return found
     known = ", ".join(v for line in pins.LINES for v in line.sdk_versions)
     raise SupervisorTestsError(f"task-sdk {sdk_version}: no line's overlay has its supervisor ({known})")
 
@@ -132,18 +131,16 @@ def run_once(
     (tests / "pytest.ini").write_text("[pytest]\n")
     home = tests.parent / "airflow-home"
     home.mkdir(exist_ok=True)
-    env = dict(os.environ)
-    env.update(
-        {
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__API_AUTH__JWT_SECRET": venvs.JWT_SECRET,
-            # as upstream's test config (unit_tests.cfg) has it: task-sdk 1.4's own parser has no default
-            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-            # the sdist's helpers (``task_sdk``), then the stand-ins for upstream's ``tests_common``
-            "PYTHONPATH": os.pathsep.join([str(tests), str(upstream_tests.standins_dir(layout))]),
-        }
-    )
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__API_AUTH__JWT_SECRET": venvs.JWT_SECRET,
+        # as upstream's test config (unit_tests.cfg) has it: task-sdk 1.4's own parser has no default
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        # the sdist's helpers (``task_sdk``), then the stand-ins for upstream's ``tests_common``
+        "PYTHONPATH": os.pathsep.join([str(tests), str(upstream_tests.standins_dir(layout))]),
+    }
     env.pop(upstream_tests.START_METHOD_ENV, None)
     args = ["-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", f"--timeout={PER_TEST_TIMEOUT}"]
     cmd = [str(python), *args, TEST_FILE, *extra]

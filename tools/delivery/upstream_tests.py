@@ -117,13 +117,10 @@ def diffs_dir(layout: Layout = DEFAULT) -> Path:
     return layout.patches / DIFFS_DIR
 
 
-def diff_for(layout: Layout, patch_name: str) -> Path:
-    return diffs_dir(layout) / (patch_name.removesuffix(".patch") + ".diff")
-
-
-def diffs_upto(layout: Layout, names: Sequence[str], stage: int) -> list[Path]:
-    """The diffs of the first ``stage`` patches of the series, in series order."""
-    return [d for d in (diff_for(layout, n) for n in names[:stage]) if d.is_file()]
+def existing_diffs(layout: Layout, names: Sequence[str]) -> list[Path]:
+    """The diffs of the patches ``names`` that have one, in their order."""
+    diffs = [diffs_dir(layout) / (n.removesuffix(".patch") + ".diff") for n in names]
+    return [d for d in diffs if d.is_file()]
 
 
 # -------------------------------------------------------------------- diffs and their records
@@ -171,12 +168,6 @@ def apply_diff(text: str, diff: Path) -> str:
         return target.read_text()
 
 
-def apply_diffs(text: str, diffs: Sequence[Path]) -> str:
-    for diff in diffs:
-        text = apply_diff(text, diff)
-    return text
-
-
 def _module_defs(tree: ast.Module) -> dict[str, str]:
     """Module-level functions (helpers, fixtures) by name -> their source, decorators included."""
     return {
@@ -187,7 +178,8 @@ def _module_defs(tree: ast.Module) -> dict[str, str]:
     }
 
 
-def _tests(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+def test_nodes(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every test function of a module by name (``test_x``, ``Class::test_x``)."""
     out: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
@@ -206,27 +198,18 @@ def _names_used(node: ast.AST) -> set[str]:
     return used
 
 
-def test_names(text: str) -> set[str]:
-    return set(_tests(ast.parse(text)))
-
-
 def touched_tests(before: str, after: str) -> set[str]:
     """Tests whose code differs, that were added or removed, or that use (through module-level helpers and
     fixtures, by name) a helper whose code differs."""
     old, new = ast.parse(before), ast.parse(after)
-    old_tests, new_tests = _tests(old), _tests(new)
+    old_tests, new_tests = test_nodes(old), test_nodes(new)
     old_defs, new_defs = _module_defs(old), _module_defs(new)
     changed = {n for n in set(old_defs) | set(new_defs) if old_defs.get(n) != new_defs.get(n)}
     helpers = {n.name: n for n in new.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     # Close over helpers that use a changed helper.
-    grew = True
-    while grew:
-        grew = False
-        for name, node in helpers.items():
-            if name not in changed and _names_used(node) & changed:
-                changed.add(name)
-                grew = True
-    out = {t for t in set(old_tests) ^ set(new_tests)}
+    while grown := {n for n, node in helpers.items() if n not in changed and _names_used(node) & changed}:
+        changed |= grown
+    out = set(old_tests) ^ set(new_tests)
     for name in set(old_tests) & set(new_tests):
         if ast.dump(old_tests[name]) != ast.dump(new_tests[name]) or _names_used(new_tests[name]) & changed:
             out.add(name)
@@ -277,7 +260,7 @@ def check(
         where = f"patches/{DIFFS_DIR}/{path.name}"
         problems += [f"{where}: changes {t} but has no record of it" for t in sorted(touched - recorded)]
         problems += [f"{where}: records {t}, which it does not change" for t in sorted(recorded - touched)]
-        tests_after = test_names(after)
+        tests_after = set(test_nodes(ast.parse(after)))
         for r in records[path]:
             if "::" in r.covered_by and r.covered_by.split("::", 1)[0].endswith(".py"):
                 continue  # a test of the series' own files (the PR's branch has them)
@@ -317,7 +300,6 @@ def run_text(
     start_method: str | None = None,
     layout: Layout = DEFAULT,
     extra: Sequence[str] = (),
-    env: Mapping[str, str] | None = None,
 ) -> Outcome:
     """Run ``text`` (the test file) with pytest under ``python`` (its venv has the executor installed),
     from a temporary directory outside the repository, with the stand-ins."""
@@ -325,7 +307,7 @@ def run_text(
         root = Path(tmp)
         (root / "test_local_executor.py").write_text(text)
         (root / "pytest.ini").write_text("[pytest]\n")
-        run_env = dict(env) if env is not None else dict(os.environ)
+        run_env = dict(os.environ)
         run_env.setdefault("AIRFLOW_HOME", str(root / "airflow-home"))
         run_env.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
         run_env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", "lepatch-tests-not-a-secret")
@@ -334,19 +316,8 @@ def run_text(
             run_env[START_METHOD_ENV] = start_method
         else:
             run_env.pop(START_METHOD_ENV, None)
-        args = [
-            "-m",
-            "pytest",
-            "-q",
-            "-rfEs",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "lepatch_upstream_plugin",
-            f"--timeout={PER_TEST_TIMEOUT}",
-            "test_local_executor.py",
-            *extra,
-        ]
+        args = ["-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-p", "lepatch_upstream_plugin"]
+        args += [f"--timeout={PER_TEST_TIMEOUT}", "test_local_executor.py", *extra]
         shown = "python -m pytest test_local_executor.py" + (f" [{start_method}]" if start_method else "")
         return run_pytest([str(python), *args], root, run_env, shown)
 
@@ -388,8 +359,9 @@ def run_stage(
     line = line or pre_release_line()
     result = engine.apply_line(line)
     sources = result.sources(stage)
-    diffs = diffs_upto(layout, engine.series.names, stage) if with_diffs else []
-    text = apply_diffs(text, diffs)
+    diffs = existing_diffs(layout, engine.series.names[:stage]) if with_diffs else []
+    for diff in diffs:
+        text = apply_diff(text, diff)
     python = venvs.ensure(line, layout, upstream_tests=True)
     venvs.install_sources(python, sources)
     return run_text(text, python, start_method=start_method, layout=layout, extra=extra), diffs

@@ -141,8 +141,7 @@ def _sdk_wheel_sha256(line: pins.Line, version: str) -> str:
 def targets(line: pins.Line, layout: Layout = DEFAULT) -> list[Target]:
     """Every wheel the line's overlay rebuilds: each covered core release, each task-sdk it pins."""
     out: list[Target] = []
-    core = pins.DISTRIBUTION
-    sdk = pins.SUPERVISOR.distribution
+    core, sdk = pins.DISTRIBUTION, pins.SUPERVISOR.distribution
     core_versions = sorted({line.version, *line.covers}, key=version_key)
     releases = [(core, v) for v in core_versions]
     releases += [
@@ -164,15 +163,13 @@ def targets(line: pins.Line, layout: Layout = DEFAULT) -> list[Target]:
     return out
 
 
-def patches_touching(
-    distribution: str, layout: Layout = DEFAULT, installed: Collection[str] | None = None
-) -> list[str]:
-    """The series' patches that change a file ``distribution`` ships (of ``installed`` paths, if
-    given: what one wheel replaces), in series order."""
+def patches_touching(distribution: str, layout: Layout, installed: Collection[str]) -> list[str]:
+    """The series' patches that change a file ``distribution`` ships of ``installed`` paths (what one
+    wheel replaces), in series order."""
     paths = {
         f.repo_path
         for f in pins.UPSTREAM_FILES
-        if f.distribution == distribution and (installed is None or f.package_path in installed)
+        if f.distribution == distribution and f.package_path in installed
     }
     return [p.name for p in series.load_series(layout).ordered() if paths & set(p.touched)]
 
@@ -215,12 +212,12 @@ def rebuild(
     out: Path,
     provenance: Mapping[str, object],
     epoch: int,
-    bases: Mapping[str, str] | None = None,
+    bases: Mapping[str, str],
 ) -> Path:
     """Rebuild ``source`` with ``replacements`` in place and ``+label`` on its version, into ``out``.
 
-    Every replaced path must exist in the source wheel, and with ``bases`` (path -> sha256) be the
-    file the overlay was made from. Returns the new wheel's path.
+    Every replaced path must exist in the source wheel and be the file the overlay was made from
+    (``bases``: path -> sha256). Returns the new wheel's path.
     """
     with tempfile.TemporaryDirectory(prefix="lepatch-wheel-") as tmp:
         work = Path(tmp)
@@ -232,7 +229,7 @@ def rebuild(
             if not target.is_file():
                 raise WheelsError(f"{source.name} has no {rel}: the overlay does not fit this release")
             before = target.read_bytes()
-            if bases is not None and _sha256(before) != bases.get(rel):
+            if _sha256(before) != bases.get(rel):
                 raise WheelsError(
                     f"{source.name}: {rel} is not the pinned base the overlay was made from "
                     f"(sha256 {_sha256(before)[:12]}, pinned {bases.get(rel, 'none')[:12]})"
@@ -272,13 +269,6 @@ def rebuild(
 Fetch = Callable[[str, str, str], Path]
 
 
-def _fetch_cached(layout: Layout) -> Fetch:
-    def get(distribution: str, version: str, sha256: str) -> Path:
-        return fetch.ensure_verified(version, sha256, layout, distribution=distribution)
-
-    return get
-
-
 def build_line(
     line: pins.Line,
     out: Path,
@@ -288,7 +278,9 @@ def build_line(
 ) -> list[Path]:
     """Rebuild every wheel of ``line`` into ``out`` (with ``core``, that core release's and its
     task-sdk's alone); returns the wheels' paths."""
-    get = fetch_wheel or _fetch_cached(layout)
+    get = fetch_wheel or (
+        lambda dist, version, sha: fetch.ensure_verified(version, sha, layout, distribution=dist)
+    )
     label = local_label(layout)
     epoch = int(package.source_date(layout).timestamp())
     built = []

@@ -65,24 +65,18 @@ def check_files(python: Path, wheel_records: dict[str, dict[str, Any]]) -> list[
     return said
 
 
-def _records(out: Path, line: pins.Line, versions: dict[str, str]) -> dict[str, dict[str, Any]]:
-    recs = {}
-    for dist in (pins.DISTRIBUTION, pins.SUPERVISOR.distribution):
-        version = versions.get(dist)
-        if version is None:
-            continue
-        wheel = out / f"{dist.replace('-', '_')}-{version}-py3-none-any.whl"
-        if wheel.is_file():
-            recs[dist] = wheels.read_record(wheel)
-    return recs
+def _wheel(out: Path, dist: str, version: str) -> Path:
+    return out / f"{dist.replace('-', '_')}-{version}-py3-none-any.whl"
 
 
-def check_install(
-    lines: list[pins.Line], out: Path, python: str | None = None, layout: Layout = DEFAULT
-) -> int:
-    for line in lines:
-        check_line(line, out, python or sys.executable, layout)
-    return 0
+def _records(out: Path, versions: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The lepatch.json of each built wheel of core and task-sdk at the installed ``versions``."""
+    built = {
+        d: _wheel(out, d, versions[d])
+        for d in (pins.DISTRIBUTION, pins.SUPERVISOR.distribution)
+        if d in versions
+    }
+    return {d: wheels.read_record(w) for d, w in built.items() if w.is_file()}
 
 
 def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DEFAULT) -> None:
@@ -90,10 +84,7 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
     core, sdk = pins.DISTRIBUTION, pins.SUPERVISOR.distribution
     sdk_version = line.core_sdk[line.version]
     expected = {core: f"{line.version}+{label}", sdk: f"{sdk_version}+{label}"}
-    missing = [
-        v for d, v in expected.items() if not (out / f"{d.replace('-', '_')}-{v}-py3-none-any.whl").is_file()
-    ]
-    if missing:
+    if missing := [v for d, v in expected.items() if not _wheel(out, d, v).is_file()]:
         print(f"building the {line.name} wheels into {layout.rel(out)} (missing: {', '.join(missing)})")
         wheels.build([line], out, layout)
     constraints, celery = constraints_for(line, layout)
@@ -112,7 +103,7 @@ def check_line(line: pins.Line, out: Path, base_python: str, layout: Layout = DE
             + (f", {CELERY} {got[CELERY]}" if celery else "")
         )
         print(venvs.pip(python, "check", own_pip=True).strip())
-        for said in check_files(python, _records(out, line, got)):
+        for said in check_files(python, _records(out, got)):
             print(said)
         installed = wheels.inspect(python)
         if set(installed.records) != set(expected) or installed.changed():
@@ -172,7 +163,9 @@ def _cmd_wheels(args: argparse.Namespace) -> int:
     lines = pins.selected_lines(args)
     out = args.out.resolve()
     if args.check_install:
-        return check_install(lines, out, python=args.python)
+        for line in lines:
+            check_line(line, out, args.python or sys.executable)
+        return 0
     for wheel in wheels.build(lines, out):
         print(f"{DEFAULT.rel(wheel)} sha256 {fetch.sha256_file(wheel)[:16]}")
     print(
