@@ -33,7 +33,8 @@ it folds), the test run adds that whole file (``tools.delivery.upstream_tests``)
 "Upstream's test_local_executor.py in this PR": each test the diff changes, what and why, what now
 covers it, and the whole file's pass/fail count on the branch. It goes to
 ``build/pr/<patch stem>.md``. Nothing is pushed and no PR is opened: the report prints the
-commands for that.
+commands for that. Where no Airflow clone is at hand, ``--make-clone DIR`` makes a stand-in whose
+``main`` is the 3.4 line's pinned files (``tools.delivery.pr_clone``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from tools.delivery import lineform, pr_evidence, pr_internals, upstream_prs, upstream_tests
+from tools.delivery import lineform, pr_clone, pr_evidence, pr_internals, upstream_prs, upstream_tests
 from tools.delivery.pr_testrun import TestRun, last_line, run_test_files
 from tools.delivery.wheels import interpreter_problem
 from tools.engine.series import Patch, read_patch, read_series_names
@@ -800,7 +801,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="a standalone PR of patches/upstream-prs/ instead of a patch of the series (number, stem, name)",
     )
-    parser.add_argument("--repo", type=Path, required=True, help="the Airflow git clone")
+    clone = parser.add_mutually_exclusive_group(required=True)
+    clone.add_argument("--repo", type=Path, help="the Airflow git clone")
+    clone.add_argument(
+        "--make-clone",
+        type=Path,
+        metavar="DIR",
+        help="make a stand-in clone at DIR whose main is the 3.4 line's pinned files (tools.delivery."
+        "pr_clone), then prepare the patch named, if any, in it",
+    )
     parser.add_argument("--base", default="main", help="branch to start from (default: main)")
     parser.add_argument("--branch", help="name of the branch to make (default: the patch's stem)")
     parser.add_argument("--force", action="store_true", help="replace the branch if it exists")
@@ -818,8 +827,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     layout = Layout(patches_dir=args.patches.resolve()) if args.patches else LAYOUT
     try:
+        repo = args.repo
+        if args.make_clone is not None:
+            print("\n".join(pr_clone.describe(pr_clone.make_clone(args.make_clone, layout=layout))))
+            if args.patch is None and args.standalone is None:
+                return 0
+            repo = args.make_clone
         prep = PrPreparer(
-            args.repo,
+            repo,
             layout=layout,
             base=args.base,
             python=args.python,
