@@ -509,3 +509,50 @@ def test_repo_or_make_clone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "one of the arguments --repo --make-clone is required" in err
     assert "argument --make-clone: not allowed with argument --repo" in err
     assert not (tmp_path / "a").exists()
+
+
+def test_stacked_pr_leaves_out_the_prs_of_their_own_between(
+    tmp_path: Path, bases: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real series' 12 stacked on 9: 10 and 11 (other files, PRs of their own on main) stay out
+    of its branch; stacked on 8 it would need 9 (the same executor file), and says so."""
+    import shutil
+
+    from tools.delivery import pr_clone
+    from tools.shared.layout import DEFAULT
+
+    names = {n[:4]: n for n in (p.name for p in DEFAULT.patches.glob("00*.patch"))}
+    if not {"0009", "0010", "0011", "0012"} <= set(names):
+        pytest.skip("the real series has no patches 9-12")
+    patches = tmp_path / "patches"
+    shutil.copytree(DEFAULT.patches, patches)
+    twelve = patches / names["0012"]
+    text = twelve.read_text()
+    if "\nPR-Stack-On:" not in text.split("\n---\n", 1)[0]:
+        text = text.replace("\nLast-Update:", "\nPR-Stack-On: 0009\nLast-Update:", 1)
+    twelve.write_text(text)
+    monkeypatch.setenv("LEPATCH_UPSTREAM_DIR", str(tmp_path / "absent"))
+    repo = pr_clone.make_clone(tmp_path / "airflow").path
+    prep = prmod.PrPreparer(
+        repo,
+        layout=Layout(patches_dir=patches),
+        out_dir=tmp_path / "pr",
+        out=io.StringIO(),
+        evidence_dir=tmp_path,
+    )
+    p = prep.prepare("12", run_tests=False)
+    assert p.plan is not None and p.plan.stack_on == names["0009"]
+    assert (p.plan.start, p.plan.end, p.plan.skipped) == (11, 12, [names["0010"], names["0011"]])
+    nine = prmod.default_branch(patches / names["0009"])
+    assert git(repo, "rev-parse", f"{p.branch}~1") == git(repo, "rev-parse", nine)
+    theirs = {f.repo_path for f in (pins.SUPERVISOR, pins.AUTH_MANAGER)}
+    assert pins.REPO_PATH in changed(repo, p.branch) and not theirs & set(changed(repo, p.branch))
+    assert (
+        "Patches 0010, 0011 of the series, between the two, are PRs of their own" in p.body_path.read_text()
+    )
+
+    twelve.write_text(text.replace("\nPR-Stack-On: 0009\n", "\nPR-Stack-On: 0008\n", 1))
+    refs = git(repo, "for-each-ref")
+    with pytest.raises(prmod.PrError, match=r"would span stages 8\.\.12 but PR-Folds does not name 0009$"):
+        prep.prepare("12", run_tests=False, force=True)
+    assert git(repo, "for-each-ref") == refs

@@ -9,7 +9,9 @@ worktree (the clone's checkout is never touched), the DEP-3 lines dropped from t
   this patch's stage, so code the folded patches add and this one removes never appears
   (their authors become ``Co-authored-by:``);
 - ``PR-Stack-On: 0007``: one commit on top of that patch's PR branch (prepared first if it is
-  missing), the change from its stage to this one.
+  missing), the change from its stage to this one. Patches in between that are neither folded
+  nor upstream are PRs of their own (on ``main``): left out when they share no file with this
+  patch's own change (12 stacks on 9 without 10 and 11), else named as missing.
 
 Test files that the PR's tests edit or need and ``main`` lacks (those of the upstream patches
 come with the series' stages, not with upstream) are added whole. A patch whose header says
@@ -91,6 +93,9 @@ class Plan:
     folds: list[str]  # earlier patches folded in (file names)
     stack_on: str | None  # patch whose PR branch this one is stacked on
     upstream: list[str]  # patches already in the base line's release
+    # Patches between the stacked-on one and this one that are PRs of their own, on other branches:
+    # this commit changes none of their files, so it leaves them out.
+    skipped: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -177,6 +182,12 @@ def contents_section(plan: Plan, layout: Layout, stacked: str | None, whole: Seq
             f"top of it: the series' change on {line} from stage {plan.start} to stage {plan.end} "
             f"({number} alone)."
         )
+        if plan.skipped:
+            names = ", ".join(n.split("-", 1)[0] for n in plan.skipped)
+            out.append(
+                f"Patches {names} of the series, between the two, are PRs of their own and are not on "
+                "this branch: this commit changes none of their files."
+            )
     else:
         out.append(f"One commit: the series' change on {line} from stage {plan.start} to stage {plan.end}.")
     if plan.folds:
@@ -361,20 +372,28 @@ class PrPreparer:
         if len(stacks) > 1:
             raise PrError(f"{patch}: PR-Stack-On names {len(stacks)} patches; a branch stacks on one")
         stack_on = stacks[0] if stacks else None
-        if stack_on is not None:
-            start = form.index(stack_on)
-        elif folds:
-            start = min(form.index(f) for f in folds) - 1
-        else:
-            start = k - 1
+        own = min(form.index(f) for f in folds) - 1 if folds else k - 1
+        start = form.index(stack_on) if stack_on is not None else own
         if start >= k or any(form.index(f) >= k for f in folds):
             raise PrError(f"{patch}: PR-Folds and PR-Stack-On may only name earlier patches of the series")
         between = [form.names[i - 1] for i in range(start + 1, k)]
-        if missing := [n for n in between if n not in folds and not form.is_upstream(form.index(n))]:
+        missing = [n for n in between if n not in folds and not form.is_upstream(form.index(n))]
+
+        def needed(name: str) -> bool:
+            """Whether this PR cannot leave ``name`` out: a stacked PR leaves out a patch between the
+            stacked-on one and its own change (a PR of its own, on main) that shares no file with it."""
+            i = form.index(name)
+            if stack_on is None or i > own:
+                return True
+            return bool(set(form.change(i - 1, i)) & set(form.change(own, k)))
+
+        if needing := [n for n in missing if needed(n)]:
             raise PrError(
                 f"{patch}: its PR would span stages {start}..{k} but PR-Folds does not name "
-                f"{', '.join(n.split('-', 1)[0] for n in missing)}"
+                f"{', '.join(n.split('-', 1)[0] for n in needing)}"
             )
+        if missing:
+            start = own
         pending = [form.names[i - 1] for i in range(1, start + 1) if not form.is_upstream(i)]
         if folds and stack_on is None and pending:
             raise PrError(
@@ -383,7 +402,7 @@ class PrPreparer:
                 f"{line.version}: fold them too, or stack on their PR (PR-Stack-On)"
             )
         upstream = [form.names[i - 1] for i in range(1, k) if form.is_upstream(i)]
-        return Plan(patch, line, start, k, [f for f in between if f in folds], stack_on, upstream)
+        return Plan(patch, line, start, k, [f for f in between if f in folds], stack_on, upstream, missing)
 
     def free_branch(self, branch: str, force: bool) -> str:
         """The branch's commit if it exists (and may be replaced), else ""; refuse otherwise."""
