@@ -421,3 +421,138 @@ def test_python_that_is_a_venv_directory_is_named(
         prmod.PrError, match=rf"a directory, not an interpreter; pass --python {venv}/bin/python"
     ):
         preparer(repo, layout, tmp_path, python=venv)
+
+
+def reference_dir(tmp_path: Path) -> Path:
+    """A stand-in for ``../shared/upstream/``: upstream's test_local_executor.py (the synthetic one)."""
+    ref = tmp_path / "upstream"
+    (ref / syn.UPSTREAM_FILE).parent.mkdir(parents=True)
+    (ref / syn.UPSTREAM_FILE).write_bytes(syn.UPSTREAM_FILE_TEXT)
+    return ref
+
+
+def test_make_clone_gives_a_main_the_prs_build_on(
+    tmp_path: Path,
+    bases: dict[str, bytes],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--make-clone DIR 4``: main is 3.4.0b2's pinned files plus upstream's test file, and the PR
+    of a folded patch is made on it, its own tests and upstream's file run."""
+    from tools.engine import fetch
+
+    monkeypatch.setenv("LEPATCH_UPSTREAM_DIR", str(reference_dir(tmp_path)))
+    syn.make_series(tmp_path / "patches", bases)
+    dest = tmp_path / "airflow"
+    args = [
+        "--patches",
+        str(tmp_path / "patches"),
+        "--python",
+        str(PYTHON),
+        "--out-dir",
+        str(tmp_path / "pr"),
+    ]
+    assert prmod.main(["--make-clone", str(dest), *args, "4"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"made {dest}: main at " in out
+        and "is apache-airflow-core 3.4.0b2 and apache-airflow-task-sdk" in out
+    )
+    assert "tests passed" in out
+    line = pins.get_line("3.4")
+    pinned = fetch.read_bases(line)
+    assert set(pinned) == {p.file.repo_path for p in line.pins} and pins.REPO_PATH in pinned
+    assert git(dest, "ls-tree", "-r", "--name-only", "main").split() == sorted([*pinned, syn.UPSTREAM_FILE])
+    for rel, data in pinned.items():
+        assert git(dest, "show", f"main:{rel}").encode() == data, rel
+    # upstream's file in a commit of its own, on top of the release's files
+    assert git(dest, "ls-tree", "-r", "--name-only", "main~1").split() == sorted(pinned)
+    assert git(dest, "rev-list", "--count", "main").strip() == "2"
+    branch = "reap-dead-workers-in-one-place"
+    assert git(dest, "rev-list", "--count", f"main..{branch}").strip() == "1"
+    assert git(dest, "show", f"{branch}:{syn.REPO_PATH}") == syn.stage_text(bases, "3.4", 4)
+    assert (
+        "The whole file on this branch passes: 2 passed"
+        in next((tmp_path / "pr").glob("0004-*.md")).read_text()
+    )
+
+    # a clone is never made over anything: the existing one is left as it is
+    refs = git(dest, "for-each-ref")
+    assert prmod.main(["--make-clone", str(dest)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {dest}: exists and is not an empty directory; --make-clone makes a new clone\n"
+    assert git(dest, "for-each-ref") == refs
+
+
+def test_make_clone_without_upstreams_test_file(tmp_path: Path) -> None:
+    from tools.delivery import pr_clone
+    from tools.shared.errors import ToolError
+
+    files = {pins.REPO_PATH: b"# executor\n", pins.SUPERVISOR.repo_path: b"# supervisor\n"}
+    clone = pr_clone.make_clone(tmp_path / "airflow", bases=files, upstream_dir=tmp_path / "absent")
+    assert clone.upstream_test is None and clone.files == sorted(files)
+    assert git(clone.path, "ls-tree", "-r", "--name-only", "main").split() == sorted(files)
+    assert git(clone.path, "status", "--porcelain") == ""
+    said = pr_clone.describe(clone)
+    assert said[0].endswith("2 files:") and "the reference copy is absent" in said[-1]
+    with pytest.raises(ToolError) as exc:
+        pr_clone.make_clone(tmp_path / "other", bases={pins.SUPERVISOR.repo_path: b""})
+    assert f"files lack {pins.REPO_PATH}: no clone to make" in str(exc.value)
+    assert not (tmp_path / "other").exists()
+
+
+def test_repo_or_make_clone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (["7"], ["--repo", str(tmp_path), "--make-clone", str(tmp_path / "a"), "7"]):
+        with pytest.raises(SystemExit):
+            prmod.main(args)
+    err = capsys.readouterr().err
+    assert "one of the arguments --repo --make-clone is required" in err
+    assert "argument --make-clone: not allowed with argument --repo" in err
+    assert not (tmp_path / "a").exists()
+
+
+def test_stacked_pr_leaves_out_the_prs_of_their_own_between(
+    tmp_path: Path, bases: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real series' 12 stacked on 9: 10 and 11 (other files, PRs of their own on main) stay out
+    of its branch; stacked on 8 it would need 9 (the same executor file), and says so."""
+    import shutil
+
+    from tools.delivery import pr_clone
+    from tools.shared.layout import DEFAULT
+
+    names = {n[:4]: n for n in (p.name for p in DEFAULT.patches.glob("00*.patch"))}
+    if not {"0009", "0010", "0011", "0012"} <= set(names):
+        pytest.skip("the real series has no patches 9-12")
+    patches = tmp_path / "patches"
+    shutil.copytree(DEFAULT.patches, patches)
+    twelve = patches / names["0012"]
+    text = twelve.read_text()
+    if "\nPR-Stack-On:" not in text.split("\n---\n", 1)[0]:
+        text = text.replace("\nLast-Update:", "\nPR-Stack-On: 0009\nLast-Update:", 1)
+    twelve.write_text(text)
+    monkeypatch.setenv("LEPATCH_UPSTREAM_DIR", str(tmp_path / "absent"))
+    repo = pr_clone.make_clone(tmp_path / "airflow").path
+    prep = prmod.PrPreparer(
+        repo,
+        layout=Layout(patches_dir=patches),
+        out_dir=tmp_path / "pr",
+        out=io.StringIO(),
+        evidence_dir=tmp_path,
+    )
+    p = prep.prepare("12", run_tests=False)
+    assert p.plan is not None and p.plan.stack_on == names["0009"]
+    assert (p.plan.start, p.plan.end, p.plan.skipped) == (11, 12, [names["0010"], names["0011"]])
+    nine = prmod.default_branch(patches / names["0009"])
+    assert git(repo, "rev-parse", f"{p.branch}~1") == git(repo, "rev-parse", nine)
+    theirs = {f.repo_path for f in (pins.SUPERVISOR, pins.AUTH_MANAGER)}
+    assert pins.REPO_PATH in changed(repo, p.branch) and not theirs & set(changed(repo, p.branch))
+    assert (
+        "Patches 0010, 0011 of the series, between the two, are PRs of their own" in p.body_path.read_text()
+    )
+
+    twelve.write_text(text.replace("\nPR-Stack-On: 0009\n", "\nPR-Stack-On: 0008\n", 1))
+    refs = git(repo, "for-each-ref")
+    with pytest.raises(prmod.PrError, match=r"would span stages 8\.\.12 but PR-Folds does not name 0009$"):
+        prep.prepare("12", run_tests=False, force=True)
+    assert git(repo, "for-each-ref") == refs

@@ -9,7 +9,9 @@ worktree (the clone's checkout is never touched), the DEP-3 lines dropped from t
   this patch's stage, so code the folded patches add and this one removes never appears
   (their authors become ``Co-authored-by:``);
 - ``PR-Stack-On: 0007``: one commit on top of that patch's PR branch (prepared first if it is
-  missing), the change from its stage to this one.
+  missing), the change from its stage to this one. Patches in between that are neither folded
+  nor upstream are PRs of their own (on ``main``): left out when they share no file with this
+  patch's own change (12 stacks on 9 without 10 and 11), else named as missing.
 
 Test files that the PR's tests edit or need and ``main`` lacks (those of the upstream patches
 come with the series' stages, not with upstream) are added whole. A patch whose header says
@@ -33,7 +35,8 @@ it folds), the test run adds that whole file (``tools.delivery.upstream_tests``)
 "Upstream's test_local_executor.py in this PR": each test the diff changes, what and why, what now
 covers it, and the whole file's pass/fail count on the branch. It goes to
 ``build/pr/<patch stem>.md``. Nothing is pushed and no PR is opened: the report prints the
-commands for that.
+commands for that. Where no Airflow clone is at hand, ``--make-clone DIR`` makes a stand-in whose
+``main`` is the 3.4 line's pinned files (``tools.delivery.pr_clone``).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from tools.delivery import lineform, pr_evidence, pr_internals, upstream_prs, upstream_tests
+from tools.delivery import lineform, pr_clone, pr_evidence, pr_internals, upstream_prs, upstream_tests
 from tools.delivery.pr_testrun import TestRun, last_line, run_test_files
 from tools.delivery.wheels import interpreter_problem
 from tools.engine.series import Patch, read_patch, read_series_names
@@ -89,6 +92,9 @@ class Plan:
     folds: list[str]  # earlier patches folded in (file names)
     stack_on: str | None  # patch whose PR branch this one is stacked on
     upstream: list[str]  # patches already in the base line's release
+    # Patches between the stacked-on one and this one that are PRs of their own, on other branches:
+    # this commit changes none of their files, so it leaves them out.
+    skipped: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -175,6 +181,12 @@ def contents_section(plan: Plan, layout: Layout, stacked: str | None, whole: Seq
             f"top of it: the series' change on {line} from stage {plan.start} to stage {plan.end} "
             f"({number} alone)."
         )
+        if plan.skipped:
+            names = ", ".join(n.split("-", 1)[0] for n in plan.skipped)
+            out.append(
+                f"Patches {names} of the series, between the two, are PRs of their own and are not on "
+                "this branch: this commit changes none of their files."
+            )
     else:
         out.append(f"One commit: the series' change on {line} from stage {plan.start} to stage {plan.end}.")
     if plan.folds:
@@ -346,20 +358,28 @@ class PrPreparer:
         if len(stacks) > 1:
             raise PrError(f"{patch}: PR-Stack-On names {len(stacks)} patches; a branch stacks on one")
         stack_on = stacks[0] if stacks else None
-        if stack_on is not None:
-            start = form.index(stack_on)
-        elif folds:
-            start = min(form.index(f) for f in folds) - 1
-        else:
-            start = k - 1
+        own = min(form.index(f) for f in folds) - 1 if folds else k - 1
+        start = form.index(stack_on) if stack_on is not None else own
         if start >= k or any(form.index(f) >= k for f in folds):
             raise PrError(f"{patch}: PR-Folds and PR-Stack-On may only name earlier patches of the series")
         between = [form.names[i - 1] for i in range(start + 1, k)]
-        if missing := [n for n in between if n not in folds and not form.is_upstream(form.index(n))]:
+        missing = [n for n in between if n not in folds and not form.is_upstream(form.index(n))]
+
+        def needed(name: str) -> bool:
+            """Whether this PR cannot leave ``name`` out: a stacked PR leaves out a patch between the
+            stacked-on one and its own change (a PR of its own, on main) that shares no file with it."""
+            i = form.index(name)
+            if stack_on is None or i > own:
+                return True
+            return bool(set(form.change(i - 1, i)) & set(form.change(own, k)))
+
+        if needing := [n for n in missing if needed(n)]:
             raise PrError(
                 f"{patch}: its PR would span stages {start}..{k} but PR-Folds does not name "
-                f"{', '.join(n.split('-', 1)[0] for n in missing)}"
+                f"{', '.join(n.split('-', 1)[0] for n in needing)}"
             )
+        if missing:
+            start = own
         pending = [form.names[i - 1] for i in range(1, start + 1) if not form.is_upstream(i)]
         if folds and stack_on is None and pending:
             raise PrError(
@@ -368,7 +388,7 @@ class PrPreparer:
                 f"{line.version}: fold them too, or stack on their PR (PR-Stack-On)"
             )
         upstream = [form.names[i - 1] for i in range(1, k) if form.is_upstream(i)]
-        return Plan(patch, line, start, k, [f for f in between if f in folds], stack_on, upstream)
+        return Plan(patch, line, start, k, [f for f in between if f in folds], stack_on, upstream, missing)
 
     def free_branch(self, branch: str, force: bool) -> str:
         """The branch's commit if it exists (and may be replaced), else ""; refuse otherwise."""
@@ -745,7 +765,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="a standalone PR of patches/upstream-prs/ instead of a patch of the series (number, stem, name)",
     )
-    parser.add_argument("--repo", type=Path, required=True, help="the Airflow git clone")
+    clone = parser.add_mutually_exclusive_group(required=True)
+    clone.add_argument("--repo", type=Path, help="the Airflow git clone")
+    clone.add_argument(
+        "--make-clone",
+        type=Path,
+        metavar="DIR",
+        help="make a stand-in clone at DIR whose main is the 3.4 line's pinned files (tools.delivery."
+        "pr_clone), then prepare the patch named, if any, in it",
+    )
     parser.add_argument("--base", default="main", help="branch to start from (default: main)")
     parser.add_argument("--branch", help="name of the branch to make (default: the patch's stem)")
     parser.add_argument("--force", action="store_true", help="replace the branch if it exists")
@@ -763,8 +791,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     layout = Layout(patches_dir=args.patches.resolve()) if args.patches else LAYOUT
     try:
+        repo = args.repo
+        if args.make_clone is not None:
+            print("\n".join(pr_clone.describe(pr_clone.make_clone(args.make_clone, layout=layout))))
+            if args.patch is None and args.standalone is None:
+                return 0
+            repo = args.make_clone
         prep = PrPreparer(
-            args.repo,
+            repo,
             layout=layout,
             base=args.base,
             python=args.python,
