@@ -187,8 +187,8 @@ def attempts(records: Iterable[dict[str, Any]]) -> list[Attempt]:
     return list(by.values())
 
 
-def read_loops(path: Path) -> list[tuple[float, float]]:
-    """The ``S`` (``_do_scheduling``) records of a loop trace file (``looptrace_hook``)."""
+def _trace_spans(path: Path, kind: str) -> list[tuple[float, float]]:
+    """The ``kind`` records of a loop trace file (``looptrace_hook``) as (start, end), sorted."""
     out = []
     try:
         text = path.read_text(errors="replace")
@@ -196,7 +196,7 @@ def read_loops(path: Path) -> list[tuple[float, float]]:
         return []
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) >= 3 and parts[0] == "S":
+        if len(parts) >= 3 and parts[0] == kind:
             try:
                 out.append((float(parts[1]), float(parts[2])))
             except ValueError:
@@ -204,21 +204,14 @@ def read_loops(path: Path) -> list[tuple[float, float]]:
     return sorted(out)
 
 
+def read_loops(path: Path) -> list[tuple[float, float]]:
+    """The ``S`` (``_do_scheduling``) records of a loop trace file."""
+    return _trace_spans(path, "S")
+
+
 def read_loop_exits(path: Path) -> list[float]:
     """When the scheduler stopped looping (``X`` records of a loop trace: ``_run_scheduler_loop`` ended)."""
-    out = []
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and parts[0] == "X":
-            try:
-                out.append(float(parts[2]))
-            except ValueError:
-                continue
-    return sorted(out)
+    return sorted(end for _, end in _trace_spans(path, "X"))
 
 
 def shutdown_hits(
