@@ -40,33 +40,25 @@ TARGETS = {
 }
 
 
-def _timed(fn: Callable[..., Any], kind: str, fd: int, pid: int) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0, c0 = time.monotonic(), time.thread_time()
-        result = fn(*args, **kwargs)
-        if os.getpid() == pid:  # not in a worker the scheduler forked
-            t1, c1 = time.monotonic(), time.thread_time()
-            extra = f" {result}" if kind == "S" else ""
-            # One unbuffered O_APPEND write per record: never torn, never flushed twice after a fork.
-            os.write(fd, f"{kind} {t0:.4f} {t1:.4f} {c0:.4f} {c1:.4f}{extra}\n".encode())
-        return result
-
-    return wrapper
-
-
-def _exits(fn: Callable[..., Any], kind: str, fd: int, pid: int) -> Callable[..., Any]:
-    """As ``_timed``, but the record is written however the call ends: returned or raised."""
+def _timed(
+    fn: Callable[..., Any], kind: str, fd: int, pid: int, *, raised: bool = False
+) -> Callable[..., Any]:
+    """Wrap ``fn`` to write a ``kind`` record when it returns (and, with ``raised``, when it raises)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         t0, c0 = time.monotonic(), time.thread_time()
+        returned, result = False, None
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            returned = True
+            return result
         finally:
-            if os.getpid() == pid:
+            if (returned or raised) and os.getpid() == pid:  # not in a worker the scheduler forked
                 t1, c1 = time.monotonic(), time.thread_time()
-                os.write(fd, f"{kind} {t0:.4f} {t1:.4f} {c0:.4f} {c1:.4f}\n".encode())
+                extra = f" {result}" if kind == "S" and returned else ""
+                # One unbuffered O_APPEND write per record: never torn, never flushed twice after a fork.
+                os.write(fd, f"{kind} {t0:.4f} {t1:.4f} {c0:.4f} {c1:.4f}{extra}\n".encode())
 
     return wrapper
 
@@ -93,7 +85,7 @@ class _Loader(importlib.abc.Loader):
         if kind != "S":
             return
         if (loop := getattr(cls, "_run_scheduler_loop", None)) is not None:
-            cls._run_scheduler_loop = _exits(loop, "X", self.fd, self.pid)
+            cls._run_scheduler_loop = _timed(loop, "X", self.fd, self.pid, raised=True)
         names = vars(module)  # the loop looks both up in its module's namespace
         if (wait := names.get("wait_for_executor_events")) is not None:
             names["wait_for_executor_events"] = _timed(wait, "W", self.fd, self.pid)
